@@ -1,0 +1,114 @@
+//! tiercache's device layer: the only crate that issues syscalls on devices.
+//!
+//! Everything above this crate (the engine, the frontends, the CLI) sees storage through the
+//! [`BlockDevice`] trait: positioned reads and writes of whole logical blocks, FUA writes,
+//! flushes and discards. Three families implement it:
+//!
+//! - [`FileDevice`]: a regular file or a block device, O_DIRECT with aligned buffers by
+//!   default, flush as `fdatasync`, FUA as `pwritev2(RWF_DSYNC)`.
+//! - [`EmulatedDevice`]: any device plus a latency/bandwidth/queueing model ([`Profile`]), so a
+//!   slow disk or a fast Optane can be reproduced on any machine with accurate timing.
+//! - [`SimDevice`]: in-memory durable bytes plus completed-but-unflushed writes; `crash(seed)`
+//!   drops, applies or tears each unflushed write. The base of every crash test.
+//!
+//! Invariants (asserted by every implementation through [`check_request`]):
+//! - requests are aligned to `logical_block_size()` in offset and length, and lie inside
+//!   `size_bytes()`; a bad request is an error, never a partial I/O;
+//! - a write that completed is visible to every later read; it is durable only after a later
+//!   `flush()` completes, or on completion if it was written with `write_fua_at`.
+
+mod aligned;
+mod clock;
+mod emulated;
+mod error;
+mod file;
+mod sim;
+
+pub use aligned::AlignedBuf;
+pub use clock::{Clock, MonotonicClock, SimClock};
+pub use emulated::EmulatedStats;
+pub use emulated::{precise_wait_until, EmulatedDevice, Profile, SeekModel, PROFILES};
+pub use error::{DeviceError, Result};
+pub use file::{FileDevice, OpenOptions};
+pub use sim::{CrashReport, FailMode, OpKind, SimDevice, SimFaults, SimLatency, SimStats};
+
+use std::sync::Arc;
+
+/// The size of the sector a write can tear into on every device this crate models: the
+/// smallest unit a disk writes atomically.
+pub const SECTOR_SIZE: u32 = 512;
+
+/// A block device as the engine sees it. All methods take `&self`: implementations are
+/// internally synchronised, so several threads may issue I/O at once (as a kernel queue would).
+pub trait BlockDevice: Send + Sync {
+    /// Size in bytes; always a multiple of `logical_block_size()`.
+    fn size_bytes(&self) -> u64;
+    /// The unit of addressing and alignment, in bytes (a power of two, at least 512).
+    fn logical_block_size(&self) -> u32;
+    /// Reads `buf.len()` bytes at `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Writes `buf` at `offset`. Visible to reads on completion; durable after the next flush.
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// Writes `buf` at `offset` and makes it durable before returning (Force Unit Access).
+    /// The fallback is a write then a flush, which is correct but also makes earlier writes
+    /// durable; devices with a real FUA path override it.
+    fn write_fua_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.write_at(offset, buf)?;
+        self.flush()
+    }
+    /// Makes every write that completed before this call durable.
+    fn flush(&self) -> Result<()>;
+    /// Tells the device that a range no longer holds useful data. Its content afterwards is
+    /// unspecified (old data or zeroes); a device that cannot discard ignores the hint.
+    fn discard(&self, offset: u64, len: u64) -> Result<()>;
+    /// A short human-readable name for messages and reports (a path, `emulated:optane`...).
+    fn describe(&self) -> String;
+}
+
+/// Validates a request against a device's geometry. Every implementation calls it first,
+/// so a bad request never reaches the medium.
+pub fn check_request(dev: &dyn BlockDevice, offset: u64, len: u64) -> Result<()> {
+    let block = u64::from(dev.logical_block_size());
+    if !offset.is_multiple_of(block) || !len.is_multiple_of(block) {
+        return Err(DeviceError::Misaligned { offset, len, block_size: block });
+    }
+    let end = offset.checked_add(len).ok_or(DeviceError::OutOfRange { offset, len, size_bytes: dev.size_bytes() })?;
+    if end > dev.size_bytes() {
+        return Err(DeviceError::OutOfRange { offset, len, size_bytes: dev.size_bytes() });
+    }
+    Ok(())
+}
+
+macro_rules! forward_block_device {
+    ($wrapper:ty) => {
+        impl<T: BlockDevice + ?Sized> BlockDevice for $wrapper {
+            fn size_bytes(&self) -> u64 {
+                (**self).size_bytes()
+            }
+            fn logical_block_size(&self) -> u32 {
+                (**self).logical_block_size()
+            }
+            fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+                (**self).read_at(offset, buf)
+            }
+            fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+                (**self).write_at(offset, buf)
+            }
+            fn write_fua_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+                (**self).write_fua_at(offset, buf)
+            }
+            fn flush(&self) -> Result<()> {
+                (**self).flush()
+            }
+            fn discard(&self, offset: u64, len: u64) -> Result<()> {
+                (**self).discard(offset, len)
+            }
+            fn describe(&self) -> String {
+                (**self).describe()
+            }
+        }
+    };
+}
+forward_block_device!(Arc<T>);
+forward_block_device!(Box<T>);
+forward_block_device!(&T);
