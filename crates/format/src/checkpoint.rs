@@ -1,0 +1,176 @@
+//! Checkpoints: the whole index written out, so that recovery reads it plus the log tail
+//! instead of the whole log. Two areas used in turn; the valid one with the higher sequence
+//! wins. A checkpoint is valid iff its header decodes here and the CRC of its entry bytes
+//! matches `entries_crc` (so a torn checkpoint is refused and the other area used).
+
+use crate::constants::*;
+use crate::error::FormatError;
+use zerocopy::little_endian::{U32, U64};
+use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
+
+/// The fixed part of a checkpoint header (first block of the area; the rest of it is zero).
+#[derive(Debug, Clone, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct CheckpointHeaderDisk {
+    /// CRC-32C of the header block's bytes [4, block_size).
+    pub checksum: U32,
+    /// CRC-32C of the entry bytes (entry_count * 16 bytes from the area's second block).
+    pub entries_crc: U32,
+    /// `CHECKPOINT_MAGIC ^ uuid_low64`.
+    pub magic: U64,
+    pub version: U32,
+    /// Zero (reserved).
+    pub flags: U32,
+    /// Increases by one per checkpoint written.
+    pub sequence: U64,
+    /// Replay starts at this log position: every record before it is reflected in the entries.
+    pub log_position: U64,
+    /// The sequence number the record at `log_position` must carry.
+    pub next_record_sequence: U64,
+    /// The log head when the checkpoint was taken.
+    pub head_position: U64,
+    pub entry_count: U64,
+}
+
+/// One index entry as checkpointed.
+#[derive(Debug, Clone, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
+#[repr(C)]
+pub struct CheckpointEntryDisk {
+    pub backing_block: U64,
+    /// Bits 0-30: the log slot holding the block's data; bit 31: dirty.
+    pub slot_and_flags: U32,
+    /// CRC-32C of the data block (a reference to a block carries its checksum).
+    pub data_crc: U32,
+}
+
+const _: () = assert!(std::mem::size_of::<CheckpointHeaderDisk>() == CHECKPOINT_HEADER_SIZE);
+const _: () = assert!(std::mem::size_of::<CheckpointEntryDisk>() == CHECKPOINT_ENTRY_SIZE);
+
+const DIRTY_BIT: u32 = 1 << 31;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointHeader {
+    pub sequence: u64,
+    pub log_position: u64,
+    pub next_record_sequence: u64,
+    pub head_position: u64,
+    pub entry_count: u64,
+    pub entries_crc: u32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointEntry {
+    pub backing_block: u64,
+    pub slot: u32,
+    pub dirty: bool,
+    pub data_crc: u32,
+}
+
+impl CheckpointEntry {
+    pub fn encode(&self, out: &mut [u8]) {
+        assert!(self.slot < DIRTY_BIT);
+        let d = CheckpointEntryDisk {
+            backing_block: U64::new(self.backing_block),
+            slot_and_flags: U32::new(self.slot | if self.dirty { DIRTY_BIT } else { 0 }),
+            data_crc: U32::new(self.data_crc),
+        };
+        out[..CHECKPOINT_ENTRY_SIZE].copy_from_slice(d.as_bytes());
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<CheckpointEntry, FormatError> {
+        let d = CheckpointEntryDisk::read_from_bytes(&bytes[..CHECKPOINT_ENTRY_SIZE]).expect("size");
+        if d.backing_block.get() > MAX_BACKING_BLOCKS {
+            return Err(FormatError::Invalid {
+                what: "checkpoint entry",
+                field: "backing_block",
+                why: d.backing_block.get().to_string(),
+            });
+        }
+        let v = d.slot_and_flags.get();
+        Ok(CheckpointEntry {
+            backing_block: d.backing_block.get(),
+            slot: v & !DIRTY_BIT,
+            dirty: v & DIRTY_BIT != 0,
+            data_crc: d.data_crc.get(),
+        })
+    }
+}
+
+impl CheckpointHeader {
+    pub fn encode(&self, uuid_low: u64, block: &mut [u8]) {
+        block.fill(0);
+        let d = CheckpointHeaderDisk {
+            checksum: U32::new(0),
+            entries_crc: U32::new(self.entries_crc),
+            magic: U64::new(CHECKPOINT_MAGIC ^ uuid_low),
+            version: U32::new(FORMAT_VERSION),
+            flags: U32::new(0),
+            sequence: U64::new(self.sequence),
+            log_position: U64::new(self.log_position),
+            next_record_sequence: U64::new(self.next_record_sequence),
+            head_position: U64::new(self.head_position),
+            entry_count: U64::new(self.entry_count),
+        };
+        block[..CHECKPOINT_HEADER_SIZE].copy_from_slice(d.as_bytes());
+        let crc = crate::checksum(&block[4..]);
+        block[..4].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Decodes the header block; `max_entries` is what the area can hold.
+    pub fn decode(block: &[u8], uuid_low: u64, max_entries: u64) -> Result<CheckpointHeader, FormatError> {
+        const WHAT: &str = "checkpoint header";
+        let d = CheckpointHeaderDisk::read_from_bytes(&block[..CHECKPOINT_HEADER_SIZE]).expect("size");
+        if d.magic.get() != CHECKPOINT_MAGIC ^ uuid_low {
+            return Err(FormatError::BadMagic { what: WHAT, found: d.magic.get() });
+        }
+        let computed = crate::checksum(&block[4..]);
+        if computed != d.checksum.get() {
+            return Err(FormatError::BadChecksum { what: WHAT, stored: d.checksum.get(), computed });
+        }
+        if d.version.get() != FORMAT_VERSION {
+            return Err(FormatError::UnsupportedVersion { what: WHAT, found: d.version.get(), supported: FORMAT_VERSION });
+        }
+        let h = CheckpointHeader {
+            sequence: d.sequence.get(),
+            log_position: d.log_position.get(),
+            next_record_sequence: d.next_record_sequence.get(),
+            head_position: d.head_position.get(),
+            entry_count: d.entry_count.get(),
+            entries_crc: d.entries_crc.get(),
+        };
+        let invalid = |field, why: String| Err(FormatError::Invalid { what: WHAT, field, why });
+        if h.entry_count > max_entries {
+            return invalid("entry_count", format!("{} > {max_entries}", h.entry_count));
+        }
+        if h.head_position > h.log_position {
+            return invalid("head_position", format!("{} > log_position {}", h.head_position, h.log_position));
+        }
+        Ok(h)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn header_and_entries_round_trip() {
+        let h = CheckpointHeader {
+            sequence: 3,
+            log_position: 5000,
+            next_record_sequence: 812,
+            head_position: 4000,
+            entry_count: 2,
+            entries_crc: 0x1234,
+        };
+        let mut block = vec![0u8; 4096];
+        h.encode(9, &mut block);
+        assert_eq!(CheckpointHeader::decode(&block, 9, 10).unwrap(), h);
+        assert!(CheckpointHeader::decode(&block, 8, 10).is_err());
+        assert!(CheckpointHeader::decode(&block, 9, 1).is_err(), "more entries than the area holds");
+        let e = CheckpointEntry { backing_block: 77, slot: 12, dirty: true, data_crc: 0xfeed };
+        let mut buf = [0u8; 16];
+        e.encode(&mut buf);
+        assert_eq!(CheckpointEntry::decode(&buf).unwrap(), e);
+    }
+}

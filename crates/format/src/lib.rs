@@ -1,0 +1,36 @@
+//! tiercache's on-disk format: the structures on the cache device, their encoding and their
+//! checksums. No I/O happens here (an architecture invariant): the engine reads and writes
+//! blocks, this crate turns blocks into validated structures and back.
+//!
+//! The cache device, in cache blocks (docs/format.md has the byte diagrams):
+//!
+//! ```text
+//! | superblock A | superblock B | checkpoint area 0 | checkpoint area 1 | log ......... |
+//! ```
+//!
+//! Conventions (STYLE.md): on-disk structs end in `Disk`, are little-endian with explicit
+//! zeroed padding and a compile-time size assertion, and open with checksum, magic, version
+//! and sequence. Record and checkpoint magics are XORed with the volume UUID.
+
+pub mod checkpoint;
+pub mod constants;
+mod error;
+pub mod layout;
+pub mod record;
+pub mod superblock;
+
+pub use checkpoint::{CheckpointEntry, CheckpointHeader};
+pub use error::FormatError;
+pub use layout::Layout;
+pub use record::{EntryKind, RecordEntry, RecordHeader};
+pub use superblock::{Superblock, VolumeMode};
+
+/// The CRC used everywhere on disk: CRC-32C (Castagnoli), hardware-accelerated on x86 and ARM.
+pub fn checksum(bytes: &[u8]) -> u32 {
+    crc32c::crc32c(bytes)
+}
+
+/// The low 64 bits of a volume UUID, XORed into record and checkpoint magics.
+pub fn uuid_low64(uuid: &[u8; 16]) -> u64 {
+    u64::from_le_bytes(uuid[..8].try_into().expect("8 bytes"))
+}
