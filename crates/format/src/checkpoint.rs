@@ -30,6 +30,11 @@ pub struct CheckpointHeaderDisk {
     /// The log head when the checkpoint was taken.
     pub head_position: U64,
     pub entry_count: U64,
+    /// The checksum of the header of the last record before `log_position` (0 if none): the
+    /// first replayed record must carry it as its `prev_checksum`.
+    pub prev_record_checksum: U32,
+    /// Zero.
+    pub reserved: [u8; 60],
 }
 
 /// One index entry as checkpointed.
@@ -56,6 +61,7 @@ pub struct CheckpointHeader {
     pub head_position: u64,
     pub entry_count: u64,
     pub entries_crc: u32,
+    pub prev_record_checksum: u32,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,6 +116,8 @@ impl CheckpointHeader {
             next_record_sequence: U64::new(self.next_record_sequence),
             head_position: U64::new(self.head_position),
             entry_count: U64::new(self.entry_count),
+            prev_record_checksum: U32::new(self.prev_record_checksum),
+            reserved: [0; 60],
         };
         block[..CHECKPOINT_HEADER_SIZE].copy_from_slice(d.as_bytes());
         let crc = crate::checksum(&block[4..]);
@@ -128,7 +136,11 @@ impl CheckpointHeader {
             return Err(FormatError::BadChecksum { what: WHAT, stored: d.checksum.get(), computed });
         }
         if d.version.get() != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion { what: WHAT, found: d.version.get(), supported: FORMAT_VERSION });
+            return Err(FormatError::UnsupportedVersion {
+                what: WHAT,
+                found: d.version.get(),
+                supported: FORMAT_VERSION,
+            });
         }
         let h = CheckpointHeader {
             sequence: d.sequence.get(),
@@ -137,8 +149,12 @@ impl CheckpointHeader {
             head_position: d.head_position.get(),
             entry_count: d.entry_count.get(),
             entries_crc: d.entries_crc.get(),
+            prev_record_checksum: d.prev_record_checksum.get(),
         };
         let invalid = |field, why: String| Err(FormatError::Invalid { what: WHAT, field, why });
+        if d.flags.get() != 0 || d.reserved.iter().any(|&b| b != 0) {
+            return invalid("reserved", "non-zero reserved bits".into());
+        }
         if h.entry_count > max_entries {
             return invalid("entry_count", format!("{} > {max_entries}", h.entry_count));
         }
@@ -162,6 +178,7 @@ mod tests {
             head_position: 4000,
             entry_count: 2,
             entries_crc: 0x1234,
+            prev_record_checksum: 0x77,
         };
         let mut block = vec![0u8; 4096];
         h.encode(9, &mut block);

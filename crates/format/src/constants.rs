@@ -26,7 +26,7 @@ pub const RECORD_HEADER_SIZE: usize = 64;
 /// Size of one log record entry.
 pub const RECORD_ENTRY_SIZE: usize = 24;
 /// Size of a checkpoint header's fixed part (it fills the area's first block).
-pub const CHECKPOINT_HEADER_SIZE: usize = 64;
+pub const CHECKPOINT_HEADER_SIZE: usize = 128;
 /// Size of one checkpoint entry.
 pub const CHECKPOINT_ENTRY_SIZE: usize = 16;
 

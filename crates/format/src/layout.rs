@@ -42,7 +42,8 @@ impl Layout {
         // Each log block costs itself plus two checkpoint entries (one per area).
         let per_block = 1.0 + 2.0 * CHECKPOINT_ENTRY_SIZE as f64 / f64::from(block_size);
         let fixed = SUPERBLOCK_COPIES + 2;
-        let mut log_blocks = ((total_blocks.saturating_sub(fixed) as f64 / per_block) as u64 / seg * seg).min(MAX_LOG_BLOCKS / seg * seg);
+        let mut log_blocks = ((total_blocks.saturating_sub(fixed) as f64 / per_block) as u64 / seg * seg)
+            .min(MAX_LOG_BLOCKS / seg * seg);
         while log_blocks > 0
             && SUPERBLOCK_COPIES + 2 * Self::checkpoint_blocks_for(log_blocks, block_size) + log_blocks > total_blocks
         {
@@ -84,11 +85,17 @@ impl Layout {
         if self.segment_blocks < 4 || !self.segment_blocks.is_power_of_two() {
             return invalid("segment_blocks", format!("{}", self.segment_blocks));
         }
-        if self.log_blocks == 0 || self.log_blocks % u64::from(self.segment_blocks) != 0 || self.log_blocks > MAX_LOG_BLOCKS {
+        if self.log_blocks == 0
+            || self.log_blocks % u64::from(self.segment_blocks) != 0
+            || self.log_blocks > MAX_LOG_BLOCKS
+        {
             return invalid("log_blocks", format!("{} (segment {})", self.log_blocks, self.segment_blocks));
         }
         if self.checkpoint_area_blocks < Self::checkpoint_blocks_for(self.log_blocks, self.block_size) {
-            return invalid("checkpoint_area_blocks", format!("{} is too small for {} log blocks", self.checkpoint_area_blocks, self.log_blocks));
+            return invalid(
+                "checkpoint_area_blocks",
+                format!("{} is too small for {} log blocks", self.checkpoint_area_blocks, self.log_blocks),
+            );
         }
         if self.checkpoint_area_start[0] != SUPERBLOCK_COPIES
             || self.checkpoint_area_start[1] != self.checkpoint_area_start[0] + self.checkpoint_area_blocks
@@ -136,7 +143,8 @@ mod tests {
 
     #[test]
     fn layouts_fit_and_validate() {
-        for (bytes, bs, seg) in [(64 << 20, 4096, 256), (1 << 30, 4096, 256), (3 << 20, 4096, 16), (1 << 30, 65536, 16)] {
+        for (bytes, bs, seg) in [(64 << 20, 4096, 256), (1 << 30, 4096, 256), (3 << 20, 4096, 16), (1 << 30, 65536, 16)]
+        {
             let l = Layout::compute(bytes, bs, seg).unwrap();
             l.validate().unwrap();
             assert!((l.log_start + l.log_blocks) * u64::from(bs) <= bytes);

@@ -31,8 +31,13 @@ pub struct RecordHeaderDisk {
     /// The log head when this record was written: recovery forgets everything below the
     /// head of the last record it replays.
     pub head_position: U64,
+    /// The checksum of the previous record's header (or the checkpoint's
+    /// `prev_record_checksum` for the first record after it): a hash chain, so that a stale
+    /// record left beyond a torn tail can never be taken for the next one after new records
+    /// were written over the tear.
+    pub prev_checksum: U32,
     /// Zero.
-    pub reserved: [u8; 16],
+    pub reserved: [u8; 12],
 }
 
 /// One entry of a record header.
@@ -97,6 +102,7 @@ pub struct RecordHeader {
     pub sequence: u64,
     pub position: u64,
     pub head_position: u64,
+    pub prev_checksum: u32,
     pub entries: Vec<RecordEntry>,
 }
 
@@ -111,8 +117,9 @@ impl RecordHeader {
         1 + self.data_blocks() as u64
     }
 
-    /// Encodes into `block` (one whole cache block).
-    pub fn encode(&self, uuid_low: u64, block: &mut [u8]) {
+    /// Encodes into `block` (one whole cache block); returns the header's checksum (the next
+    /// record's `prev_checksum`).
+    pub fn encode(&self, uuid_low: u64, block: &mut [u8]) -> u32 {
         assert!(self.entries.len() <= MAX_RECORD_ENTRIES, "{} entries", self.entries.len());
         assert!(block.len() >= MIN_BLOCK_SIZE as usize);
         block.fill(0);
@@ -126,7 +133,8 @@ impl RecordHeader {
             sequence: U64::new(self.sequence),
             position: U64::new(self.position),
             head_position: U64::new(self.head_position),
-            reserved: [0; 16],
+            prev_checksum: U32::new(self.prev_checksum),
+            reserved: [0; 12],
         };
         block[..RECORD_HEADER_SIZE].copy_from_slice(fixed.as_bytes());
         for (i, e) in self.entries.iter().enumerate() {
@@ -142,6 +150,12 @@ impl RecordHeader {
         }
         let crc = crate::checksum(&block[4..]);
         block[..4].copy_from_slice(&crc.to_le_bytes());
+        crc
+    }
+
+    /// The checksum stored in an encoded header block.
+    pub fn stored_checksum(block: &[u8]) -> u32 {
+        u32::from_le_bytes(block[..4].try_into().expect("4 bytes"))
     }
 
     /// Decodes and validates a header block. Data CRCs are the caller's to check.
@@ -159,7 +173,11 @@ impl RecordHeader {
             return Err(FormatError::BadChecksum { what: WHAT, stored: fixed.checksum.get(), computed });
         }
         if fixed.version.get() != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion { what: WHAT, found: fixed.version.get(), supported: FORMAT_VERSION });
+            return Err(FormatError::UnsupportedVersion {
+                what: WHAT,
+                found: fixed.version.get(),
+                supported: FORMAT_VERSION,
+            });
         }
         let invalid = |field, why: String| FormatError::Invalid { what: WHAT, field, why };
         let count = usize::from(fixed.entry_count.get());
@@ -185,13 +203,23 @@ impl RecordHeader {
             sequence: fixed.sequence.get(),
             position: fixed.position.get(),
             head_position: fixed.head_position.get(),
+            prev_checksum: fixed.prev_checksum.get(),
             entries,
         };
+        if fixed.flags.get() != 0 || fixed.reserved.iter().any(|&b| b != 0) {
+            return Err(invalid("reserved", "non-zero reserved bits".into()));
+        }
         if header.data_blocks() != usize::from(fixed.data_blocks.get()) {
-            return Err(invalid("data_blocks", format!("{} but {} data entries", fixed.data_blocks.get(), header.data_blocks())));
+            return Err(invalid(
+                "data_blocks",
+                format!("{} but {} data entries", fixed.data_blocks.get(), header.data_blocks()),
+            ));
         }
         if header.head_position > header.position {
-            return Err(invalid("head_position", format!("{} beyond the record's own position {}", header.head_position, header.position)));
+            return Err(invalid(
+                "head_position",
+                format!("{} beyond the record's own position {}", header.head_position, header.position),
+            ));
         }
         Ok(header)
     }
@@ -206,6 +234,7 @@ mod tests {
             sequence: 99,
             position: 12345,
             head_position: 10000,
+            prev_checksum: 0x5555,
             entries: vec![
                 RecordEntry { kind: EntryKind::DataDirty, backing_block: 5, data_crc: 0xabc, ref_position: 0 },
                 RecordEntry { kind: EntryKind::MarkClean, backing_block: 6, data_crc: 0, ref_position: 12000 },
@@ -219,7 +248,8 @@ mod tests {
     fn round_trip_and_counts() {
         let h = sample();
         let mut block = vec![0u8; 4096];
-        h.encode(77, &mut block);
+        let crc = h.encode(77, &mut block);
+        assert_eq!(RecordHeader::stored_checksum(&block), crc);
         let d = RecordHeader::decode(&block, 77).unwrap();
         assert_eq!(d, h);
         assert_eq!(d.data_blocks(), 2);

@@ -185,7 +185,10 @@ impl Superblock {
         }
         let bs = u64::from(layout.block_size);
         if disk.backing_size_bytes.get() == 0 || disk.backing_size_bytes.get() % bs != 0 {
-            return Err(invalid("backing_size_bytes", format!("{} is not a positive multiple of {bs}", disk.backing_size_bytes.get())));
+            return Err(invalid(
+                "backing_size_bytes",
+                format!("{} is not a positive multiple of {bs}", disk.backing_size_bytes.get()),
+            ));
         }
         if disk.backing_size_bytes.get() / bs > MAX_BACKING_BLOCKS {
             return Err(invalid("backing_size_bytes", "more blocks than the index can address".into()));
@@ -202,7 +205,8 @@ impl Superblock {
             mode,
             backing_size_bytes: disk.backing_size_bytes.get(),
             backing_fingerprint: disk.backing_fingerprint.get(),
-            backing_fingerprint_next: (disk.fingerprint_flags.get() & 1 == 1).then(|| disk.backing_fingerprint_next.get()),
+            backing_fingerprint_next: (disk.fingerprint_flags.get() & 1 == 1)
+                .then(|| disk.backing_fingerprint_next.get()),
             dirty_low_permille: low,
             dirty_high_permille: high,
             created_unix_secs: disk.created_unix_secs.get(),
@@ -213,7 +217,10 @@ impl Superblock {
     /// The recovery decision for the two copies (docs/format.md, "Superblock"): the valid
     /// copy with the higher sequence; if neither is valid, the more telling error (a newer
     /// version or a checksum error beats "not a tiercache device").
-    pub fn choose(a: Result<Superblock, FormatError>, b: Result<Superblock, FormatError>) -> Result<Superblock, FormatError> {
+    pub fn choose(
+        a: Result<Superblock, FormatError>,
+        b: Result<Superblock, FormatError>,
+    ) -> Result<Superblock, FormatError> {
         match (a, b) {
             (Ok(a), Ok(b)) => Ok(if b.sequence > a.sequence { b } else { a }),
             (Ok(a), Err(_)) => Ok(a),
