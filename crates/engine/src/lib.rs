@@ -1,1 +1,113 @@
+//! tiercache's engine: the hybrid volume.
+//!
+//! A small fast cache device in front of a big slow backing device, as one volume that
+//! behaves like a disk with a volatile write cache (DESIGN.md, "Semantics"):
+//! writes land in a log on the cache device, a FLUSH costs one record write and one
+//! cache-device flush, a destager writes dirty blocks back in address order, and after any
+//! crash the whole index (clean and dirty) is rebuilt from the cache device alone.
+//!
+//! Architecture invariant: this crate knows nothing of NBD, FUSE, ublk, async runtimes or
+//! metrics exporters; it does no syscalls (devices come through `tiercache_device`), and it
+//! runs on any [`Clock`], so the simulator drives it on virtual time.
+//!
+//! Entry points: [`create`] formats a cache device; [`Volume::open`] recovers and attaches;
+//! [`Volume::read`], [`Volume::write`], [`Volume::flush`], [`Volume::discard`] serve I/O;
+//! [`Background`] runs the destager and the staging writer; [`torture`] is the crash simulator.
 
+pub mod constants;
+mod error;
+mod index;
+mod open;
+pub mod torture;
+mod volume;
+
+pub use error::{EngineError, Result, Role};
+pub use index::IndexEntry;
+pub use open::{create, read_superblock, CreateOptions, OpenReport};
+pub use volume::{Counters, Sabotage, Volume, VolumeOptions};
+
+use serde::Serialize;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::thread::JoinHandle;
+pub use tiercache_device::Clock;
+
+/// What `tiercache status` reports.
+#[derive(Debug, Clone, Serialize)]
+pub struct Status {
+    pub mode: &'static str,
+    /// "ok", or "failed" after a cache-device write or flush error.
+    pub state: &'static str,
+    pub failure: Option<String>,
+    pub uuid: String,
+    pub backing_path: String,
+    pub block_size: u32,
+    pub cache_size_bytes: u64,
+    pub log_bytes: u64,
+    pub backing_size_bytes: u64,
+    pub cached_blocks: u64,
+    pub cached_bytes: u64,
+    pub dirty_blocks: u64,
+    pub dirty_bytes: u64,
+    /// Written but not yet in a log record (lost by a crash unless flushed).
+    pub staged_blocks: u64,
+    pub dirty_low_permille: u16,
+    pub dirty_high_permille: u16,
+    pub oldest_dirty_age_seconds: Option<f64>,
+    pub lost_blocks: u64,
+    pub read_hit_ratio: Option<f64>,
+    pub index_ram_bytes: u64,
+    /// Index RAM divided by the blocks the cache can hold.
+    pub index_ram_bytes_per_cached_block: f64,
+    pub log_head: u64,
+    pub log_tail: u64,
+    pub log_used_permille: u64,
+    pub checkpoint_position: u64,
+    pub next_sequence: u64,
+    pub counters: Counters,
+}
+
+/// The background worker of a volume: writes out staged data after a while, destages between
+/// the watermarks, pre-cleans the head of the log. Stops when dropped.
+pub struct Background {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl Background {
+    pub fn start(volume: &Arc<Volume>) -> Background {
+        let stop = Arc::new(AtomicBool::new(false));
+        let weak: Weak<Volume> = Arc::downgrade(volume);
+        volume.set_background(true);
+        let stop2 = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name("tiercache-bg".into())
+            .spawn(move || {
+                let period = std::time::Duration::from_millis(constants::BACKGROUND_PERIOD_MS);
+                let mut last_error: Option<String> = None;
+                while !stop2.load(Ordering::Relaxed) {
+                    std::thread::sleep(period);
+                    let Some(v) = weak.upgrade() else { break };
+                    if let Err(e) = v.background_tick() {
+                        let msg = e.to_string();
+                        if last_error.as_ref() != Some(&msg) {
+                            tracing::warn!(error = %msg, "background work failed; will retry");
+                            last_error = Some(msg);
+                        }
+                        std::thread::sleep(period * 20);
+                    }
+                }
+            })
+            .expect("spawn background thread");
+        Background { stop, handle: Some(handle) }
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}

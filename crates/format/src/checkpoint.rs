@@ -127,6 +127,9 @@ impl CheckpointHeader {
     /// Decodes the header block; `max_entries` is what the area can hold.
     pub fn decode(block: &[u8], uuid_low: u64, max_entries: u64) -> Result<CheckpointHeader, FormatError> {
         const WHAT: &str = "checkpoint header";
+        if block.len() < CHECKPOINT_HEADER_SIZE {
+            return Err(FormatError::TooShort { what: WHAT, len: block.len(), need: CHECKPOINT_HEADER_SIZE });
+        }
         let d = CheckpointHeaderDisk::read_from_bytes(&block[..CHECKPOINT_HEADER_SIZE]).expect("size");
         if d.magic.get() != CHECKPOINT_MAGIC ^ uuid_low {
             return Err(FormatError::BadMagic { what: WHAT, found: d.magic.get() });

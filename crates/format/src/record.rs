@@ -189,6 +189,9 @@ impl RecordHeader {
             let at = RECORD_HEADER_SIZE + i * RECORD_ENTRY_SIZE;
             let d = RecordEntryDisk::read_from_bytes(&block[at..at + RECORD_ENTRY_SIZE]).expect("size");
             let kind = EntryKind::from_u8(d.kind).ok_or_else(|| invalid("kind", format!("entry {i}: {}", d.kind)))?;
+            if d.padding != [0; 3] {
+                return Err(invalid("padding", format!("entry {i}: non-zero")));
+            }
             if d.backing_block.get() > MAX_BACKING_BLOCKS {
                 return Err(invalid("backing_block", format!("entry {i}: {}", d.backing_block.get())));
             }

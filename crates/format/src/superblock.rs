@@ -101,7 +101,10 @@ impl Superblock {
         block.fill(0);
         let mut path = [0u8; 128];
         let p = self.backing_path.as_bytes();
-        let n = p.len().min(127);
+        let mut n = p.len().min(127);
+        while !self.backing_path.is_char_boundary(n) {
+            n -= 1;
+        }
         path[..n].copy_from_slice(&p[..n]);
         let l = &self.layout;
         let disk = SuperblockDisk {
@@ -221,6 +224,13 @@ impl Superblock {
         a: Result<Superblock, FormatError>,
         b: Result<Superblock, FormatError>,
     ) -> Result<Superblock, FormatError> {
+        // A copy written by a newer tiercache means the device may hold newer structures:
+        // refuse it even if the other copy is still an old, valid one.
+        for r in [&a, &b] {
+            if let Err(e @ FormatError::NewerVersion { .. }) = r {
+                return Err(e.clone());
+            }
+        }
         match (a, b) {
             (Ok(a), Ok(b)) => Ok(if b.sequence > a.sequence { b } else { a }),
             (Ok(a), Err(_)) => Ok(a),

@@ -1,0 +1,40 @@
+//! The engine's limits and default tunables, in one place, with their relations asserted.
+
+use tiercache_format::constants::MAX_RECORD_ENTRIES;
+
+/// Entries (data and metadata) in one record; a record holds at most this many data blocks.
+pub const RECORD_ENTRIES: usize = MAX_RECORD_ENTRIES;
+/// Blocks of the largest record: its header plus one data block per entry.
+pub const MAX_RECORD_BLOCKS: u64 = 1 + RECORD_ENTRIES as u64;
+
+/// Take a checkpoint when the log written since the last one exceeds this share of the log
+/// (per mille). Smaller: faster recovery, more checkpoint writes.
+pub const CHECKPOINT_INTERVAL_PERMILLE: u64 = 250;
+
+/// Default dirty watermarks, per mille of the log: the destager starts above `HIGH` and stops
+/// below `LOW` (FlashCache's lesson: a high threshold keeps write-back effective).
+pub const DEFAULT_DIRTY_LOW_PERMILLE: u16 = 300;
+pub const DEFAULT_DIRTY_HIGH_PERMILLE: u16 = 700;
+
+/// Blocks the background destager writes back per batch (sorted and merged).
+pub const DESTAGE_BATCH_BLOCKS: usize = 4096;
+
+/// Read requests larger than this bypass admission (sequential scans do not flush the cache).
+pub const ADMIT_MAX_REQUEST_BYTES: u64 = 256 * 1024;
+
+/// The background thread's period.
+pub const BACKGROUND_PERIOD_MS: u64 = 5;
+/// Staged writes older than this are written out by the background thread even without a
+/// FLUSH, bounding what a crash can take.
+pub const STAGING_MAX_AGE_MS: u64 = 100;
+
+/// Backpressure: above the high watermark, each write waits up to this long, in proportion
+/// to how far dirty data is between the high watermark and a full log.
+pub const MAX_WRITE_DELAY_US: u64 = 20_000;
+
+/// How many (log position, time) samples are kept to date the oldest dirty block.
+pub const AGE_SAMPLES: usize = 4096;
+
+const _: () = assert!(DEFAULT_DIRTY_LOW_PERMILLE < DEFAULT_DIRTY_HIGH_PERMILLE);
+const _: () = assert!(DEFAULT_DIRTY_HIGH_PERMILLE <= 1000);
+const _: () = assert!(CHECKPOINT_INTERVAL_PERMILLE > 0 && CHECKPOINT_INTERVAL_PERMILLE < 500);

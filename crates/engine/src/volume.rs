@@ -1,0 +1,1299 @@
+//! The hybrid volume: a write-back cache on a log-structured cache device in front of a
+//! backing device. docs/format.md is the authoritative description of the commit protocol
+//! and the crash argument; this header is the map of the code.
+//!
+//! Data path:
+//! - `write` stages blocks in RAM (the volume is a disk with a volatile write cache); a full
+//!   staging buffer is sealed into a log record (header + data, one sequential write).
+//! - `flush` seals what is staged, writes it, and flushes the cache device once; concurrent
+//!   callers share that flush (group commit). The backing device is not touched.
+//! - `read` serves staging, the record being written, the cache device (checksum-verified),
+//!   or the backing device (admitting small misses into the cache as clean blocks).
+//!
+//! Locks, always taken in this order: `io` (the log writer: one record write, reclaim or
+//! checkpoint at a time, in sequence order), `destage` (one write-back batch at a time, so a
+//! block is never written back twice concurrently), `state` (index, staging, positions;
+//! never held across I/O).
+//!
+//! Invariants (asserted where they are relied on):
+//! - every index entry names a slot whose position is in `[head, tail)`;
+//! - `tail + 1 <= head + log_blocks` after every record write: one block is always free for
+//!   the reclaim marker, which must land in space that recovery no longer points into;
+//! - `head <= checkpoint position`: replay always starts at or after the head;
+//! - records are written in sequence order; `durable_seq` only grows, and only after a
+//!   cache-device flush that started after those records were written.
+
+use crate::constants::*;
+use crate::error::{EngineError, Result};
+use crate::index::{Index, IndexEntry, MAX_INDEX_SLOT};
+use serde::Serialize;
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tiercache_device::{AlignedBuf, BlockDevice, Clock};
+use tiercache_format::{
+    checksum, uuid_low64, CheckpointEntry, CheckpointHeader, EntryKind, Layout, RecordEntry, RecordHeader, Superblock,
+};
+
+/// Deliberately broken commit orders, to prove that the torture test catches them. Never set
+/// outside tests and the `torture --sabotage` demonstration.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub enum Sabotage {
+    #[default]
+    None,
+    /// FLUSH returns without flushing the cache device.
+    FlushSkipsCacheFlush,
+    /// Reclaim overwrites space before the record moving the head past it is durable.
+    ReclaimSkipsMarkerFlush,
+    /// Destage marks blocks clean without flushing the backing device.
+    DestageSkipsBackingFlush,
+}
+
+impl Sabotage {
+    pub const ALL: [Sabotage; 3] =
+        [Sabotage::FlushSkipsCacheFlush, Sabotage::ReclaimSkipsMarkerFlush, Sabotage::DestageSkipsBackingFlush];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Sabotage::None => "none",
+            Sabotage::FlushSkipsCacheFlush => "flush-skips-cache-flush",
+            Sabotage::ReclaimSkipsMarkerFlush => "reclaim-skips-marker-flush",
+            Sabotage::DestageSkipsBackingFlush => "destage-skips-backing-flush",
+        }
+    }
+}
+
+/// Run-time options of an open volume.
+#[derive(Debug, Clone, Copy)]
+pub struct VolumeOptions {
+    /// Read requests larger than this are not admitted into the cache.
+    pub admit_max_request_bytes: u64,
+    /// Checkpoint when this share of the log (per mille) was written since the last one.
+    pub checkpoint_interval_permille: u64,
+    pub sabotage: Sabotage,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> Self {
+        VolumeOptions {
+            admit_max_request_bytes: ADMIT_MAX_REQUEST_BYTES,
+            checkpoint_interval_permille: CHECKPOINT_INTERVAL_PERMILLE,
+            sabotage: Sabotage::None,
+        }
+    }
+}
+
+/// Blocks written into RAM and not yet sealed into a record. Its buffer is laid out as the
+/// record will be: block 0 for the header, then one block per data entry.
+struct Staging {
+    buf: AlignedBuf,
+    /// Data entries in record order: (backing block, kind, crc).
+    data: Vec<(u64, EntryKind, u32)>,
+    /// Backing block -> index into `data`.
+    map: HashMap<u64, usize>,
+    meta: Vec<RecordEntry>,
+    /// Clock time of the first block staged (for the background writer's age limit).
+    first_staged_ns: Option<u64>,
+    /// Most entries a record may hold: `RECORD_ENTRIES`, or less on a small log so that a
+    /// record always fits in the space reclaim can free.
+    limit: usize,
+}
+
+impl Staging {
+    fn new(bs: usize, limit: usize) -> Staging {
+        assert!((1..=RECORD_ENTRIES).contains(&limit));
+        Staging {
+            limit,
+            buf: AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize),
+            data: Vec::with_capacity(RECORD_ENTRIES),
+            map: HashMap::with_capacity(RECORD_ENTRIES),
+            meta: Vec::new(),
+            first_staged_ns: None,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.data.is_empty() && self.meta.is_empty()
+    }
+
+    fn entries(&self) -> usize {
+        self.data.len() + self.meta.len()
+    }
+
+    fn data_limit(&self) -> usize {
+        (self.limit * 3 / 4).max(1)
+    }
+
+    fn has_dirty(&self) -> bool {
+        self.data.iter().any(|(_, k, _)| *k == EntryKind::DataDirty)
+    }
+
+    fn block(&self, i: usize, bs: usize) -> &[u8] {
+        &self.buf[(1 + i) * bs..(2 + i) * bs]
+    }
+
+    /// Stages a block (replacing a staged copy in place). False if there is no room.
+    fn put(&mut self, block: u64, kind: EntryKind, data: &[u8], crc: u32, now_ns: u64) -> bool {
+        let bs = data.len();
+        let i = match self.map.get(&block) {
+            Some(&i) => {
+                // A dirty write replaces a staged clean fill, never the other way round.
+                if kind == EntryKind::DataDirty || self.data[i].1 == EntryKind::DataClean {
+                    self.data[i] = (block, kind, crc);
+                } else {
+                    return true;
+                }
+                i
+            }
+            None => {
+                // A quarter of each record is kept for metadata, so MarkClean entries are
+                // never starved by a stream of writes.
+                if self.entries() >= self.limit || self.data.len() >= self.data_limit() {
+                    return false;
+                }
+                self.data.push((block, kind, crc));
+                self.map.insert(block, self.data.len() - 1);
+                self.data.len() - 1
+            }
+        };
+        self.buf[(1 + i) * bs..(2 + i) * bs].copy_from_slice(data);
+        self.first_staged_ns.get_or_insert(now_ns);
+        true
+    }
+
+    /// Drops a staged block (TRIM), moving the last data block into its place.
+    fn remove(&mut self, block: u64, bs: usize) -> bool {
+        let Some(i) = self.map.remove(&block) else { return false };
+        let last = self.data.len() - 1;
+        if i != last {
+            self.buf.copy_within((1 + last) * bs..(2 + last) * bs, (1 + i) * bs);
+            self.data[i] = self.data[last];
+            self.map.insert(self.data[i].0, i);
+        }
+        self.data.pop();
+        true
+    }
+}
+
+/// A sealed record whose write is in progress (or failed): reads are served from it.
+struct Inflight {
+    buf: Arc<AlignedBuf>,
+    /// Backing block -> data index; a TRIM removes its block so the write does not resurrect it.
+    map: HashMap<u64, usize>,
+}
+
+/// Counters, reported by `status`.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Counters {
+    pub read_requests: u64,
+    pub write_requests: u64,
+    pub flush_requests: u64,
+    pub read_hit_blocks: u64,
+    pub read_miss_blocks: u64,
+    pub admitted_blocks: u64,
+    pub written_blocks: u64,
+    pub records_written: u64,
+    pub cache_flushes: u64,
+    pub destaged_blocks: u64,
+    pub backing_flushes: u64,
+    pub reclaimed_blocks: u64,
+    pub evicted_blocks: u64,
+    pub checkpoints: u64,
+    pub repaired_blocks: u64,
+    pub throttled_writes: u64,
+}
+
+struct State {
+    index: Index,
+    staging: Staging,
+    inflight: Option<Inflight>,
+    /// Oldest live log position (a record boundary).
+    head: u64,
+    /// Next log position to write (a record boundary).
+    tail: u64,
+    next_seq: u64,
+    last_header_crc: u32,
+    /// Every record with a sequence up to this one is durable.
+    durable_seq: u64,
+    checkpoint_position: u64,
+    checkpoint_seq: u64,
+    pending_meta: VecDeque<RecordEntry>,
+    /// Read-miss fills in flight: block -> (readers, cancelled by a write or trim).
+    fills: HashMap<u64, (u32, bool)>,
+    /// Dirty blocks whose only copy failed its checksum: reads fail until they are rewritten.
+    lost: HashSet<u64>,
+    poisoned: Option<String>,
+    /// (log position, clock ns) of recent records, to date the oldest dirty block.
+    age_samples: VecDeque<(u64, u64)>,
+    counters: Counters,
+    destaging: bool,
+}
+
+impl State {
+    fn check_poisoned(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(reason) => Err(EngineError::Poisoned { reason: reason.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, reason: String) {
+        if self.poisoned.is_none() {
+            tracing::error!(%reason, "volume failed; writes refused from now on");
+            self.poisoned = Some(reason);
+        }
+    }
+
+    fn cancel_fill(&mut self, block: u64) {
+        if let Some(f) = self.fills.get_mut(&block) {
+            f.1 = true;
+        }
+    }
+}
+
+/// Where a block's data was found when a read was planned.
+enum Source {
+    Copied,
+    Cache(IndexEntry),
+    Backing,
+}
+
+/// A hybrid volume. Cheap to share: wrap in an `Arc` and call from many threads.
+pub struct Volume {
+    pub(crate) cache: Arc<dyn BlockDevice>,
+    pub(crate) backing: Arc<dyn BlockDevice>,
+    clock: Arc<dyn Clock>,
+    pub(crate) layout: Layout,
+    uuid_low: u64,
+    bs: usize,
+    backing_blocks: u64,
+    options: VolumeOptions,
+    /// The log writer's lock; holds the spare record buffer.
+    io: Mutex<Option<AlignedBuf>>,
+    /// The destager's lock; holds the elevator cursor.
+    destage: Mutex<u64>,
+    state: Mutex<State>,
+    superblock: Mutex<Superblock>,
+    background: AtomicBool,
+}
+
+/// What recovery produced, handed to `Volume::assemble`.
+pub(crate) struct Recovered {
+    pub superblock: Superblock,
+    pub index: Index,
+    pub head: u64,
+    pub tail: u64,
+    pub next_seq: u64,
+    pub last_header_crc: u32,
+    pub checkpoint_position: u64,
+    pub checkpoint_seq: u64,
+    pub replayed_records: u64,
+}
+
+impl Volume {
+    pub(crate) fn assemble(
+        cache: Arc<dyn BlockDevice>,
+        backing: Arc<dyn BlockDevice>,
+        clock: Arc<dyn Clock>,
+        r: Recovered,
+        options: VolumeOptions,
+    ) -> Volume {
+        let layout = r.superblock.layout;
+        let bs = layout.block_size as usize;
+        assert!(layout.log_blocks <= u64::from(MAX_INDEX_SLOT) + 1);
+        Volume {
+            cache,
+            backing,
+            clock,
+            layout,
+            uuid_low: uuid_low64(&r.superblock.uuid),
+            bs,
+            backing_blocks: r.superblock.backing_size_bytes / bs as u64,
+            options,
+            io: Mutex::new(Some(AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize))),
+            destage: Mutex::new(0),
+            state: Mutex::new(State {
+                index: r.index,
+                staging: Staging::new(bs, RECORD_ENTRIES.min((layout.log_blocks / 4) as usize)),
+                inflight: None,
+                head: r.head,
+                tail: r.tail,
+                next_seq: r.next_seq,
+                last_header_crc: r.last_header_crc,
+                durable_seq: r.next_seq - 1,
+                checkpoint_position: r.checkpoint_position,
+                checkpoint_seq: r.checkpoint_seq,
+                pending_meta: VecDeque::new(),
+                fills: HashMap::new(),
+                lost: HashSet::new(),
+                poisoned: None,
+                age_samples: VecDeque::new(),
+                counters: Counters::default(),
+                destaging: false,
+            }),
+            superblock: Mutex::new(r.superblock),
+            background: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().expect("volume state lock poisoned by a panic")
+    }
+
+    /// The volume's size: the backing device's.
+    pub fn size_bytes(&self) -> u64 {
+        self.backing_blocks * self.bs as u64
+    }
+
+    /// The volume's block size (requests must be aligned to it).
+    pub fn block_size(&self) -> u32 {
+        self.layout.block_size
+    }
+
+    pub fn superblock(&self) -> Superblock {
+        self.superblock.lock().expect("superblock lock").clone()
+    }
+
+    fn check_request(&self, offset: u64, len: u64) -> Result<()> {
+        let bs = self.bs as u64;
+        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+            return Err(EngineError::Misaligned { offset, len, block_size: self.layout.block_size });
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size_bytes() => Ok(()),
+            _ => Err(EngineError::OutOfRange { offset, len, size_bytes: self.size_bytes() }),
+        }
+    }
+
+    // ---------------------------------------------------------------- log I/O helpers
+
+    /// Writes whole blocks at a logical log position, splitting at the physical end.
+    fn write_log(&self, pos: u64, buf: &[u8]) -> std::result::Result<(), tiercache_device::DeviceError> {
+        let blocks = (buf.len() / self.bs) as u64;
+        let first = (self.layout.log_blocks - pos % self.layout.log_blocks).min(blocks) as usize * self.bs;
+        self.cache.write_at(self.layout.log_offset(pos), &buf[..first])?;
+        if first < buf.len() {
+            self.cache.write_at(self.layout.log_offset(pos + (first / self.bs) as u64), &buf[first..])?;
+        }
+        Ok(())
+    }
+
+    /// Reads whole blocks at a logical log position, splitting at the physical end.
+    pub(crate) fn read_log(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
+        read_log(&*self.cache, &self.layout, pos, buf)
+    }
+
+    // ---------------------------------------------------------------- write path
+
+    /// Writes whole blocks. Complete on return; durable after the next `flush`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_request(offset, data.len() as u64)?;
+        self.backpressure();
+        let first = offset / self.bs as u64;
+        for (i, chunk) in data.chunks(self.bs).enumerate() {
+            let block = first + i as u64;
+            let crc = checksum(chunk);
+            loop {
+                let mut st = self.lock();
+                st.check_poisoned()?;
+                let now = self.clock.now_ns();
+                st.cancel_fill(block);
+                st.lost.remove(&block);
+                if st.staging.put(block, EntryKind::DataDirty, chunk, crc, now) {
+                    st.counters.written_blocks += 1;
+                    break;
+                }
+                drop(st);
+                self.commit()?;
+            }
+        }
+        self.lock().counters.write_requests += 1;
+        Ok(())
+    }
+
+    /// A write that is durable on return (Force Unit Access): a write, then a flush.
+    pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data)?;
+        self.flush()
+    }
+
+    /// Writes zeroes over a range (NBD WRITE_ZEROES): ordinary writes of zero blocks.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_request(offset, len)?;
+        let chunk = (RECORD_ENTRIES * self.bs) as u64;
+        let zeroes = vec![0u8; chunk.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = chunk.min(len - done);
+            self.write(offset + done, &zeroes[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Makes every write completed before this call durable. Concurrent callers share one
+    /// record write and one cache-device flush (group commit).
+    pub fn flush(&self) -> Result<()> {
+        let target = {
+            let mut st = self.lock();
+            st.check_poisoned()?;
+            st.counters.flush_requests += 1;
+            if st.staging.has_dirty() {
+                st.next_seq
+            } else {
+                st.next_seq - 1
+            }
+        };
+        let mut io = self.io.lock().expect("io lock");
+        {
+            let st = self.lock();
+            st.check_poisoned()?;
+            if st.durable_seq >= target {
+                return Ok(()); // a flush that started after our writes already covered them
+            }
+        }
+        self.write_out(&mut io)?;
+        self.flush_cache(self.options.sabotage == Sabotage::FlushSkipsCacheFlush)
+    }
+
+    /// Flushes the cache device; afterwards every record written so far is durable.
+    /// Called with the io lock held.
+    fn flush_cache(&self, skip: bool) -> Result<()> {
+        let upto = self.lock().next_seq - 1;
+        if !skip {
+            if let Err(e) = self.cache.flush() {
+                let e = EngineError::cache(e);
+                self.lock().poison(format!("flushing the cache device failed: {e}"));
+                return Err(e);
+            }
+        }
+        let mut st = self.lock();
+        st.durable_seq = st.durable_seq.max(upto);
+        st.counters.cache_flushes += 1;
+        Ok(())
+    }
+
+    /// Seals and writes whatever is staged (no flush).
+    fn commit(&self) -> Result<()> {
+        let mut io = self.io.lock().expect("io lock");
+        self.write_out(&mut io)
+    }
+
+    /// Seals the staging buffer into a record and writes it at the tail, reclaiming space
+    /// first if needed. Called with the io lock held (`spare` is the lock's content).
+    fn write_out(&self, spare: &mut Option<AlignedBuf>) -> Result<()> {
+        let bs = self.bs;
+        let log_blocks = self.layout.log_blocks;
+        let mut st = loop {
+            let mut st = self.lock();
+            st.check_poisoned()?;
+            while st.staging.entries() < st.staging.limit {
+                match st.pending_meta.pop_front() {
+                    Some(m) => st.staging.meta.push(m),
+                    None => break,
+                }
+            }
+            if st.staging.is_empty() {
+                return Ok(());
+            }
+            let blocks = 1 + st.staging.data.len() as u64;
+            if st.tail + blocks < st.head + log_blocks {
+                break st;
+            }
+            drop(st);
+            self.reclaim(blocks + 1)?;
+        };
+        let blocks = 1 + st.staging.data.len() as u64;
+        let pos = st.tail;
+        let header = RecordHeader {
+            sequence: st.next_seq,
+            position: pos,
+            head_position: st.head,
+            prev_checksum: st.last_header_crc,
+            // Metadata first: a TRIM or MarkClean was queued before any data of the same block
+            // staged after it, and replay applies entries in order.
+            entries: st
+                .staging
+                .meta
+                .iter()
+                .copied()
+                .chain(st.staging.data.iter().map(|&(b, kind, crc)| RecordEntry {
+                    kind,
+                    backing_block: b,
+                    data_crc: crc,
+                    ref_position: 0,
+                }))
+                .collect(),
+        };
+        let crc = header.encode(self.uuid_low, &mut st.staging.buf[..bs]);
+        // Swap the sealed buffer out for the spare one; staging starts empty.
+        let fresh = spare.take().expect("spare record buffer present while not poisoned");
+        let buf = Arc::new(std::mem::replace(&mut st.staging.buf, fresh));
+        let data = std::mem::take(&mut st.staging.data);
+        let map = std::mem::take(&mut st.staging.map);
+        st.staging.meta.clear();
+        st.staging.first_staged_ns = None;
+        st.inflight = Some(Inflight { buf: Arc::clone(&buf), map });
+        st.tail = pos + blocks;
+        st.next_seq += 1;
+        st.last_header_crc = crc;
+        let now = self.clock.now_ns();
+        if st.age_samples.back().is_none_or(|&(_, t)| now > t + 1_000_000) {
+            if st.age_samples.len() == AGE_SAMPLES {
+                st.age_samples.pop_front();
+            }
+            st.age_samples.push_back((pos, now));
+        }
+        debug_assert!(st.tail < st.head + log_blocks, "one block stays free for the reclaim marker");
+        drop(st);
+
+        let result = self.write_log(pos, &buf[..blocks as usize * bs]);
+        let mut st = self.lock();
+        if let Err(e) = result {
+            // The record stays in `inflight`: reads keep seeing its data; nothing more is written.
+            let e = EngineError::cache(e);
+            st.poison(format!("writing a log record failed: {e}"));
+            return Err(e);
+        }
+        let inflight = st.inflight.take().expect("inflight record");
+        for (k, &(block, kind, crc)) in data.iter().enumerate() {
+            if inflight.map.get(&block) == Some(&k) {
+                let slot = self.layout.slot(pos + 1 + k as u64);
+                st.index
+                    .insert(block, IndexEntry { slot, dirty: kind == EntryKind::DataDirty, referenced: false, crc });
+            }
+        }
+        st.counters.records_written += 1;
+        drop(inflight);
+        *spare = Some(Arc::try_unwrap(buf).expect("no other owner of a written record buffer"));
+        let due = st.tail - st.checkpoint_position > log_blocks * self.options.checkpoint_interval_permille / 1000;
+        drop(st);
+        if due {
+            self.checkpoint_locked()?;
+        }
+        Ok(())
+    }
+
+    /// Frees at least `need` blocks at the head of the log (io lock held).
+    fn reclaim(&self, need: u64) -> Result<()> {
+        let _destage = self.destage.lock().expect("destage lock");
+        let (head, tail, mut checkpoint) = {
+            let st = self.lock();
+            (st.head, st.tail, st.checkpoint_position)
+        };
+        let free = head + self.layout.log_blocks - tail;
+        let want = u64::from(self.layout.segment_blocks).max(need.saturating_sub(free));
+        let target = (head + want).min(tail);
+        if target > checkpoint {
+            // The head may not pass the durable checkpoint: replay starts there.
+            self.checkpoint_locked()?;
+            checkpoint = self.lock().checkpoint_position;
+        }
+        assert!(target <= checkpoint, "checkpoint at {checkpoint} behind reclaim target {target}");
+
+        // Walk the records in [head, target): every data block still named by the index is live.
+        let mut live: Vec<(u64, IndexEntry)> = Vec::new();
+        let new_head = self.walk_records(head, target, |pos, header| {
+            let st = self.lock();
+            for (k, e) in header.entries.iter().filter(|e| e.kind.has_data()).enumerate() {
+                let slot = self.layout.slot(pos + 1 + k as u64);
+                if let Some(ie) = st.index.get(e.backing_block) {
+                    if ie.slot == slot {
+                        live.push((e.backing_block, ie));
+                    }
+                }
+            }
+        })?;
+        assert!(new_head <= checkpoint);
+        let dirty: Vec<(u64, IndexEntry)> = live.iter().filter(|(_, e)| e.dirty).copied().collect();
+        if !dirty.is_empty() {
+            self.destage_blocks(dirty)?;
+        }
+        {
+            let mut st = self.lock();
+            for (block, e) in &live {
+                if let Some(old) = st.index.remove_if_slot(*block, e.slot) {
+                    assert!(!old.dirty, "block {block} still dirty at reclaim");
+                    st.counters.evicted_blocks += 1;
+                }
+            }
+            st.counters.reclaimed_blocks += new_head - head;
+        }
+        // The marker: a header-only record carrying the new head, made durable before any
+        // of the reclaimed space is overwritten. It lands in the block kept free for it.
+        let mut marker = AlignedBuf::new(self.bs);
+        let pos = {
+            let mut st = self.lock();
+            let mut entries = Vec::new();
+            while entries.len() < RECORD_ENTRIES {
+                match st.pending_meta.pop_front() {
+                    Some(m) => entries.push(m),
+                    None => break,
+                }
+            }
+            let pos = st.tail;
+            assert!(pos < head + self.layout.log_blocks, "no free block for the reclaim marker");
+            let header = RecordHeader {
+                sequence: st.next_seq,
+                position: pos,
+                head_position: new_head,
+                prev_checksum: st.last_header_crc,
+                entries,
+            };
+            st.last_header_crc = header.encode(self.uuid_low, &mut marker);
+            st.tail += 1;
+            st.next_seq += 1;
+            pos
+        };
+        if let Err(e) = self.write_log(pos, &marker) {
+            let e = EngineError::cache(e);
+            self.lock().poison(format!("writing a reclaim marker failed: {e}"));
+            return Err(e);
+        }
+        self.flush_cache(self.options.sabotage == Sabotage::ReclaimSkipsMarkerFlush)?;
+        self.lock().head = new_head;
+        Ok(())
+    }
+
+    /// Reads record headers from `from` (a record boundary) until reaching `until`; calls
+    /// `visit` for each; returns the first boundary at or after `until`.
+    fn walk_records(&self, from: u64, until: u64, mut visit: impl FnMut(u64, &RecordHeader)) -> Result<u64> {
+        let mut pos = from;
+        let mut block = AlignedBuf::new(self.bs);
+        while pos < until {
+            self.read_log(pos, &mut block).inspect_err(|e| {
+                self.lock().poison(format!("reading a log record header failed: {e}"));
+            })?;
+            let header = match RecordHeader::decode(&block, self.uuid_low) {
+                Ok(h) if h.position == pos => h,
+                Ok(h) => {
+                    return Err(self.corrupt(format!("record at log position {pos} claims position {}", h.position)))
+                }
+                Err(e) => return Err(self.corrupt(format!("record header at log position {pos}: {e}"))),
+            };
+            visit(pos, &header);
+            pos += header.total_blocks();
+        }
+        Ok(pos)
+    }
+
+    fn corrupt(&self, what: String) -> EngineError {
+        self.lock().poison(format!("cache metadata is corrupt: {what}"));
+        EngineError::Corrupt(what)
+    }
+
+    // ---------------------------------------------------------------- checkpoint
+
+    /// Writes a checkpoint (call with the io lock held, so no record write is in flight).
+    pub(crate) fn checkpoint_locked(&self) -> Result<()> {
+        // The records the checkpoint summarises must be durable before it is: otherwise the
+        // device could keep the checkpoint and drop a record whose data it points at.
+        self.flush_cache(false)?;
+        let (snapshot, mut header) = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            let snapshot: Vec<(u64, IndexEntry)> = st.index.iter().collect();
+            let header = CheckpointHeader {
+                sequence: st.checkpoint_seq + 1,
+                log_position: st.tail,
+                next_record_sequence: st.next_seq,
+                head_position: st.head,
+                entry_count: snapshot.len() as u64,
+                entries_crc: 0,
+                prev_record_checksum: st.last_header_crc,
+            };
+            (snapshot, header)
+        };
+        let bs = self.bs;
+        let entry_bytes = snapshot.len() * tiercache_format::constants::CHECKPOINT_ENTRY_SIZE;
+        let blocks = 1 + entry_bytes.div_ceil(bs);
+        assert!(blocks as u64 <= self.layout.checkpoint_area_blocks);
+        let mut buf = AlignedBuf::new(blocks * bs);
+        for (i, (block, e)) in snapshot.iter().enumerate() {
+            let at = bs + i * tiercache_format::constants::CHECKPOINT_ENTRY_SIZE;
+            CheckpointEntry { backing_block: *block, slot: e.slot, dirty: e.dirty, data_crc: e.crc }
+                .encode(&mut buf[at..]);
+        }
+        header.entries_crc = checksum(&buf[bs..bs + entry_bytes]);
+        header.encode(self.uuid_low, &mut buf[..bs]);
+        let area = self.layout.checkpoint_area_start[(header.sequence % 2) as usize];
+        if let Err(e) = self.cache.write_at(area * bs as u64, &buf) {
+            let e = EngineError::cache(e);
+            self.lock().poison(format!("writing a checkpoint failed: {e}"));
+            return Err(e);
+        }
+        self.flush_cache(false)?;
+        let mut st = self.lock();
+        st.checkpoint_position = header.log_position;
+        st.checkpoint_seq = header.sequence;
+        st.counters.checkpoints += 1;
+        Ok(())
+    }
+
+    /// Writes a checkpoint now (after writing out what is staged).
+    pub fn checkpoint(&self) -> Result<()> {
+        let mut io = self.io.lock().expect("io lock");
+        self.write_out(&mut io)?;
+        self.checkpoint_locked()
+    }
+
+    // ---------------------------------------------------------------- read path
+
+    /// Reads whole blocks: the newest completed write of each.
+    pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.check_request(offset, buf.len() as u64)?;
+        let bs = self.bs;
+        let first = offset / bs as u64;
+        let nblocks = buf.len() / bs;
+        let admit = buf.len() as u64 <= self.options.admit_max_request_bytes;
+        // Plan under the lock: copy what is in RAM, note where the rest lives.
+        let mut plan: Vec<Source> = Vec::with_capacity(nblocks);
+        {
+            let mut st = self.lock();
+            st.counters.read_requests += 1;
+            for i in 0..nblocks {
+                let block = first + i as u64;
+                let out = &mut buf[i * bs..(i + 1) * bs];
+                if st.lost.contains(&block) {
+                    return Err(EngineError::LostBlock { block });
+                }
+                if let Some(&k) = st.staging.map.get(&block) {
+                    out.copy_from_slice(st.staging.block(k, bs));
+                    plan.push(Source::Copied);
+                    st.counters.read_hit_blocks += 1;
+                } else if let Some(k) = st.inflight.as_ref().and_then(|f| f.map.get(&block).copied()) {
+                    let f = st.inflight.as_ref().expect("checked");
+                    out.copy_from_slice(&f.buf[(1 + k) * bs..(2 + k) * bs]);
+                    plan.push(Source::Copied);
+                    st.counters.read_hit_blocks += 1;
+                } else if let Some(e) = st.index.get(block) {
+                    st.index.touch(block);
+                    plan.push(Source::Cache(e));
+                    st.counters.read_hit_blocks += 1;
+                } else {
+                    st.fills.entry(block).or_insert((0, false)).0 += 1;
+                    plan.push(Source::Backing);
+                    st.counters.read_miss_blocks += 1;
+                }
+            }
+        }
+        // Backing reads, merged into runs of consecutive blocks.
+        let mut backing_result = Ok(());
+        let mut i = 0;
+        while i < nblocks {
+            if !matches!(plan[i], Source::Backing) {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i < nblocks && matches!(plan[i], Source::Backing) {
+                i += 1;
+            }
+            if let Err(e) = self.backing.read_at((first + start as u64) * bs as u64, &mut buf[start * bs..i * bs]) {
+                backing_result = Err(EngineError::backing(e));
+                break;
+            }
+        }
+        // Cache reads: each block verified, then confirmed still current under the lock.
+        let mut retry: Vec<usize> = Vec::new();
+        for (i, src) in plan.iter().enumerate() {
+            if let Source::Cache(e) = src {
+                let out = &mut buf[i * bs..(i + 1) * bs];
+                let pos_ok = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), out);
+                if pos_ok.is_err() || checksum(out) != e.crc {
+                    retry.push(i);
+                }
+            }
+        }
+        // Admit misses and confirm cache hits.
+        {
+            let mut st = self.lock();
+            let now = self.clock.now_ns();
+            for (i, src) in plan.iter().enumerate() {
+                let block = first + i as u64;
+                match src {
+                    Source::Backing => {
+                        let f = st.fills.get_mut(&block).expect("registered fill");
+                        f.0 -= 1;
+                        let cancelled = f.1;
+                        if f.0 == 0 {
+                            st.fills.remove(&block);
+                        }
+                        if backing_result.is_ok() && admit && !cancelled {
+                            let data = &buf[i * bs..(i + 1) * bs];
+                            if st.staging.put(block, EntryKind::DataClean, data, checksum(data), now) {
+                                st.counters.admitted_blocks += 1;
+                            }
+                        }
+                    }
+                    Source::Cache(e) => {
+                        let current = st.index.get(block);
+                        if current.map(|c| (c.slot, c.crc)) != Some((e.slot, e.crc)) && !retry.contains(&i) {
+                            retry.push(i); // moved or evicted while we read: read again
+                        }
+                    }
+                    Source::Copied => {}
+                }
+            }
+        }
+        backing_result?;
+        for i in retry {
+            self.read_block_again(first + i as u64, &mut buf[i * bs..(i + 1) * bs])?;
+        }
+        self.commit_if_staging_full();
+        Ok(())
+    }
+
+    /// The slow path for one block whose cached copy moved or failed its checksum.
+    fn read_block_again(&self, block: u64, out: &mut [u8]) -> Result<()> {
+        let bs = self.bs;
+        loop {
+            let entry = {
+                let mut st = self.lock();
+                if st.lost.contains(&block) {
+                    return Err(EngineError::LostBlock { block });
+                }
+                if let Some(&k) = st.staging.map.get(&block) {
+                    out.copy_from_slice(st.staging.block(k, bs));
+                    return Ok(());
+                }
+                if let Some(f) = &st.inflight {
+                    if let Some(&k) = f.map.get(&block) {
+                        out.copy_from_slice(&f.buf[(1 + k) * bs..(2 + k) * bs]);
+                        return Ok(());
+                    }
+                }
+                match st.index.get(block) {
+                    Some(e) => e,
+                    None => {
+                        drop(st);
+                        return self.backing.read_at(block * bs as u64, out).map_err(EngineError::backing);
+                    }
+                }
+            };
+            let read = self.cache.read_at(self.layout.log_offset(u64::from(entry.slot)), out);
+            let mut st = self.lock();
+            let current = st.index.get(block);
+            if current.map(|c| (c.slot, c.crc)) != Some((entry.slot, entry.crc)) {
+                continue; // moved again: retry
+            }
+            let good = read.is_ok() && checksum(out) == entry.crc;
+            if good {
+                return Ok(());
+            }
+            if entry.dirty {
+                // The only copy is bad: report, never serve.
+                st.index.remove(block);
+                st.lost.insert(block);
+                tracing::error!(block, "dirty block failed its checksum on the cache device: lost");
+                return Err(match read {
+                    Err(e) => EngineError::cache(e),
+                    Ok(()) => EngineError::LostBlock { block },
+                });
+            }
+            // A bad clean copy: forget it and read the backing device (repair by re-admission
+            // happens on a later miss).
+            st.index.remove(block);
+            st.counters.repaired_blocks += 1;
+            tracing::warn!(block, "clean block failed its checksum on the cache device; re-read from backing");
+        }
+    }
+
+    /// Readers that filled staging with clean blocks write it out, so admission continues.
+    fn commit_if_staging_full(&self) {
+        let full = {
+            let st = self.lock();
+            st.staging.data.len() >= st.staging.data_limit()
+        };
+        if full {
+            if let Ok(mut io) = self.io.try_lock() {
+                let _ = self.write_out(&mut io);
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- discard
+
+    /// Forgets cached copies of a range (NBD TRIM, FUSE punch-hole). The range's content is
+    /// unspecified afterwards (old data); nothing is passed to the backing device.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_request(offset, len)?;
+        let bs = self.bs as u64;
+        let (first, end) = (offset / bs, (offset + len) / bs);
+        let mut st = self.lock();
+        st.check_poisoned()?;
+        let mut blocks: Vec<u64> = if end - first > st.index.len() as u64 {
+            st.index.iter().map(|(b, _)| b).filter(|b| (first..end).contains(b)).collect()
+        } else {
+            (first..end).filter(|&b| st.index.get(b).is_some()).collect()
+        };
+        blocks.extend(st.staging.map.keys().copied().filter(|b| (first..end).contains(b)));
+        if let Some(f) = &st.inflight {
+            blocks.extend(f.map.keys().copied().filter(|b| (first..end).contains(b)));
+        }
+        blocks.sort_unstable();
+        blocks.dedup();
+        drop(st);
+        // Each TRIM goes into the staging record itself (not the MarkClean queue), so that it
+        // precedes any data of the same block staged after it.
+        for b in blocks {
+            loop {
+                let mut st = self.lock();
+                st.check_poisoned()?;
+                if st.staging.entries() < st.staging.limit {
+                    st.cancel_fill(b);
+                    st.staging.remove(b, self.bs);
+                    if let Some(f) = st.inflight.as_mut() {
+                        f.map.remove(&b);
+                    }
+                    st.index.remove(b);
+                    st.lost.remove(&b);
+                    st.staging.meta.push(RecordEntry {
+                        kind: EntryKind::Trim,
+                        backing_block: b,
+                        data_crc: 0,
+                        ref_position: 0,
+                    });
+                    break;
+                }
+                drop(st);
+                self.commit()?;
+            }
+        }
+        let mut st = self.lock();
+        for b in first..end.min(first + 1_000_000) {
+            st.cancel_fill(b);
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- destage
+
+    /// Writes back one batch of dirty blocks in backing-address order, continuing from where
+    /// the last batch stopped (an elevator). Returns how many blocks were written back.
+    pub fn destage_step(&self, max_blocks: usize) -> Result<usize> {
+        let mut cursor = self.destage.lock().expect("destage lock");
+        let mut dirty: Vec<(u64, IndexEntry)> = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            st.index.iter().filter(|(_, e)| e.dirty).collect()
+        };
+        if dirty.is_empty() {
+            return Ok(0);
+        }
+        dirty.sort_unstable_by_key(|(b, _)| *b);
+        let start = dirty.partition_point(|(b, _)| *b < *cursor);
+        let mut batch: Vec<(u64, IndexEntry)> =
+            dirty[start..].iter().chain(dirty[..start].iter()).take(max_blocks).copied().collect();
+        batch.sort_unstable_by_key(|(b, _)| *b);
+        *cursor = if start + max_blocks < dirty.len() { dirty[start + max_blocks].0 } else { 0 };
+        self.destage_blocks(batch)
+    }
+
+    /// Writes back the oldest dirty blocks (those nearest the head), so that reclaim finds
+    /// clean segments. Returns how many blocks were written back.
+    pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
+        let _cursor = self.destage.lock().expect("destage lock");
+        let (head, tail) = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            (st.head, st.tail)
+        };
+        let mut batch = Vec::new();
+        let mut pos = head;
+        while pos < tail && batch.len() < max_blocks {
+            let until = pos + 1;
+            pos = self.walk_records(pos, until, |p, header| {
+                let st = self.lock();
+                for (k, e) in header.entries.iter().filter(|e| e.kind.has_data()).enumerate() {
+                    if let Some(ie) = st.index.get(e.backing_block) {
+                        if ie.dirty && ie.slot == self.layout.slot(p + 1 + k as u64) {
+                            batch.push((e.backing_block, ie));
+                        }
+                    }
+                }
+            })?;
+        }
+        if batch.is_empty() {
+            return Ok(0);
+        }
+        self.destage_blocks(batch)
+    }
+
+    /// Writes `blocks` back to the backing device (destage lock held): read from the cache
+    /// and verify; write in address order, merging neighbours; flush the backing device; only
+    /// then mark clean and queue MarkClean entries.
+    fn destage_blocks(&self, mut blocks: Vec<(u64, IndexEntry)>) -> Result<usize> {
+        let bs = self.bs;
+        blocks.sort_unstable_by_key(|(b, _)| *b);
+        let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
+        for (i, (_, e)) in blocks.iter().enumerate() {
+            let out = &mut data[i * bs..(i + 1) * bs];
+            if let Err(e) = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), out) {
+                let e = EngineError::cache(e);
+                self.lock().poison(format!("reading a dirty block from the cache device failed: {e}"));
+                return Err(e);
+            }
+        }
+        // Keep only blocks whose entry is unchanged and whose data verifies.
+        let mut keep = vec![false; blocks.len()];
+        {
+            let mut st = self.lock();
+            for (i, (block, e)) in blocks.iter().enumerate() {
+                let current = st.index.get(*block);
+                if current.map(|c| (c.slot, c.crc, c.dirty)) != Some((e.slot, e.crc, true)) {
+                    continue; // overwritten or trimmed meanwhile: its newer version is handled later
+                }
+                if checksum(&data[i * bs..(i + 1) * bs]) != e.crc {
+                    st.index.remove(*block);
+                    st.lost.insert(*block);
+                    tracing::error!(block, "dirty block failed its checksum on the cache device: lost");
+                    continue;
+                }
+                keep[i] = true;
+            }
+        }
+        if !keep.iter().any(|&k| k) {
+            return Ok(0);
+        }
+        // The versions about to reach the backing device must be durable in the cache's log
+        // first: otherwise a crash could keep them on the backing device while the cache
+        // recovers an older version as clean, and the block would later change by itself.
+        if let Err(e) = self.cache.flush() {
+            let e = EngineError::cache(e);
+            self.lock().poison(format!("flushing the cache device before write-back failed: {e}"));
+            return Err(e);
+        }
+        let fingerprint_block = self.backing_blocks - 1;
+        let mut new_fingerprint = None;
+        for (i, (block, _)) in blocks.iter().enumerate() {
+            if keep[i] && *block == fingerprint_block {
+                new_fingerprint = Some(checksum(&data[i * bs..(i + 1) * bs]));
+            }
+        }
+        if let Some(fp) = new_fingerprint {
+            // Phase 1: an attach during or after the write accepts the new content too.
+            let mut sb = self.superblock.lock().expect("superblock lock");
+            sb.backing_fingerprint_next = Some(fp);
+            self.write_superblock(&mut sb)?;
+        }
+        let mut i = 0;
+        let mut written = 0;
+        while i < blocks.len() {
+            if !keep[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i + 1 < blocks.len() && keep[i + 1] && blocks[i + 1].0 == blocks[i].0 + 1 {
+                i += 1;
+            }
+            i += 1;
+            let offset = blocks[start].0 * bs as u64;
+            self.backing.write_at(offset, &data[start * bs..i * bs]).map_err(EngineError::backing)?;
+            written += i - start;
+        }
+        if written == 0 {
+            return Ok(0);
+        }
+        if self.options.sabotage != Sabotage::DestageSkipsBackingFlush {
+            self.backing.flush().map_err(EngineError::backing)?;
+        }
+        if let Some(fp) = new_fingerprint {
+            // Phase 3 (RAM only: the next superblock write carries it).
+            let mut sb = self.superblock.lock().expect("superblock lock");
+            sb.backing_fingerprint = fp;
+            sb.backing_fingerprint_next = None;
+        }
+        let mut st = self.lock();
+        st.counters.backing_flushes += 1;
+        for (i, (block, e)) in blocks.iter().enumerate() {
+            if keep[i] && st.index.mark_clean(*block, e.slot) {
+                let ref_position = self.layout.position_of_slot(e.slot, st.tail);
+                st.pending_meta.push_back(RecordEntry {
+                    kind: EntryKind::MarkClean,
+                    backing_block: *block,
+                    data_crc: 0,
+                    ref_position,
+                });
+                st.counters.destaged_blocks += 1;
+            }
+        }
+        Ok(written)
+    }
+
+    /// Writes the next superblock copy and flushes the cache device.
+    fn write_superblock(&self, sb: &mut Superblock) -> Result<()> {
+        sb.sequence += 1;
+        let mut block = AlignedBuf::new(self.bs);
+        sb.encode(&mut block);
+        let at = (sb.sequence % 2) * self.bs as u64;
+        let result = self.cache.write_at(at, &block).and_then(|()| self.cache.flush());
+        if let Err(e) = result {
+            let e = EngineError::cache(e);
+            self.lock().poison(format!("writing the superblock failed: {e}"));
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Writes back every dirty block, then makes the cache's record of it durable: afterwards
+    /// the backing device alone holds all data. `progress(done, remaining)` is called per batch.
+    pub fn flush_all(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
+        self.flush()?;
+        let mut done = 0u64;
+        loop {
+            let n = self.destage_step(DESTAGE_BATCH_BLOCKS)? as u64;
+            done += n;
+            let remaining = self.lock().index.dirty_len() as u64;
+            progress(done, remaining);
+            if remaining == 0 {
+                break;
+            }
+            if n == 0 {
+                // Dirty entries that could not be written (lost blocks) would loop for ever.
+                return Err(EngineError::Corrupt(format!("{remaining} dirty blocks could not be written back")));
+            }
+        }
+        self.checkpoint()
+    }
+
+    // ---------------------------------------------------------------- background work
+
+    /// One round of background work: write out old staged data, destage between the
+    /// watermarks, pre-clean the head when free space runs low.
+    pub fn background_tick(&self) -> Result<()> {
+        let (stale, dirty, free, low, high) = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            let now = self.clock.now_ns();
+            let stale =
+                st.staging.first_staged_ns.is_some_and(|t| now.saturating_sub(t) > STAGING_MAX_AGE_MS * 1_000_000);
+            let sb = self.superblock.lock().expect("superblock lock");
+            let log = self.layout.log_blocks;
+            (
+                stale,
+                (st.index.dirty_len() + st.staging.data.len()) as u64,
+                st.head + log - st.tail,
+                log * u64::from(sb.dirty_low_permille) / 1000,
+                log * u64::from(sb.dirty_high_permille) / 1000,
+            )
+        };
+        if stale {
+            if let Ok(mut io) = self.io.try_lock() {
+                self.write_out(&mut io)?;
+            }
+        }
+        let active = {
+            let mut st = self.lock();
+            if dirty > high {
+                st.destaging = true;
+            } else if dirty <= low {
+                st.destaging = false;
+            }
+            st.destaging
+        };
+        if active {
+            self.destage_step(DESTAGE_BATCH_BLOCKS)?;
+        }
+        if free < self.layout.log_blocks / 4 {
+            self.destage_oldest(u64::from(self.layout.segment_blocks) as usize * 4)?;
+        }
+        Ok(())
+    }
+
+    /// Marks the volume as having a background thread (enables write backpressure).
+    pub(crate) fn set_background(&self, on: bool) {
+        self.background.store(on, Ordering::Relaxed);
+    }
+
+    /// Above the high watermark, writes wait in proportion to how close the log is to full of
+    /// dirty data, so the destager catches up smoothly instead of writes stalling at the end.
+    fn backpressure(&self) {
+        if !self.background.load(Ordering::Relaxed) {
+            return;
+        }
+        let delay_us = {
+            let mut st = self.lock();
+            let log = self.layout.log_blocks;
+            let high = log * u64::from(self.superblock.lock().expect("superblock lock").dirty_high_permille) / 1000;
+            let dirty = st.index.dirty_len() as u64;
+            if dirty <= high || log <= high {
+                return;
+            }
+            st.counters.throttled_writes += 1;
+            MAX_WRITE_DELAY_US * (dirty - high) / (log - high)
+        };
+        std::thread::sleep(std::time::Duration::from_micros(delay_us));
+    }
+
+    /// Makes everything durable and writes a checkpoint, so the next open replays nothing.
+    pub fn shutdown(&self) -> Result<()> {
+        self.flush()?;
+        self.checkpoint()
+    }
+
+    // ---------------------------------------------------------------- status
+
+    pub fn status(&self) -> crate::Status {
+        let st = self.lock();
+        let sb = self.superblock.lock().expect("superblock lock").clone();
+        let bs = self.bs as u64;
+        let now = self.clock.now_ns();
+        let oldest_dirty =
+            st.index.iter().filter(|(_, e)| e.dirty).map(|(_, e)| self.layout.position_of_slot(e.slot, st.tail)).min();
+        let oldest_dirty_age_seconds = oldest_dirty.map(|pos| {
+            let i = st.age_samples.partition_point(|&(p, _)| p <= pos);
+            let t = if i == 0 { st.age_samples.front() } else { st.age_samples.get(i - 1) };
+            t.map_or(0.0, |&(_, t)| now.saturating_sub(t) as f64 / 1e9)
+        });
+        let c = st.counters;
+        let lookups = c.read_hit_blocks + c.read_miss_blocks;
+        crate::Status {
+            mode: sb.mode.name(),
+            state: if st.poisoned.is_some() { "failed" } else { "ok" },
+            failure: st.poisoned.clone(),
+            block_size: self.layout.block_size,
+            cache_size_bytes: sb.cache_size_bytes,
+            log_bytes: self.layout.log_blocks * bs,
+            backing_size_bytes: sb.backing_size_bytes,
+            cached_blocks: st.index.len() as u64,
+            cached_bytes: st.index.len() as u64 * bs,
+            dirty_blocks: st.index.dirty_len() as u64,
+            dirty_bytes: st.index.dirty_len() as u64 * bs,
+            staged_blocks: st.staging.data.len() as u64,
+            dirty_low_permille: sb.dirty_low_permille,
+            dirty_high_permille: sb.dirty_high_permille,
+            oldest_dirty_age_seconds,
+            lost_blocks: st.lost.len() as u64,
+            read_hit_ratio: if lookups == 0 { None } else { Some(c.read_hit_blocks as f64 / lookups as f64) },
+            index_ram_bytes: st.index.memory_bytes() as u64,
+            index_ram_bytes_per_cached_block: st.index.bytes_per_cached_block(),
+            log_head: st.head,
+            log_tail: st.tail,
+            log_used_permille: (st.tail - st.head) * 1000 / self.layout.log_blocks,
+            checkpoint_position: st.checkpoint_position,
+            next_sequence: st.next_seq,
+            counters: c,
+            backing_path: sb.backing_path,
+            uuid: sb.uuid.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+
+    /// Every (backing block, entry) in the index (for `check` and tests).
+    pub fn index_snapshot(&self) -> Vec<(u64, IndexEntry)> {
+        self.lock().index.iter().collect()
+    }
+}
+
+/// Reads whole blocks at a logical log position of `cache`, splitting at the physical end.
+pub(crate) fn read_log(cache: &dyn BlockDevice, layout: &Layout, pos: u64, buf: &mut [u8]) -> Result<()> {
+    let bs = layout.block_size as usize;
+    let blocks = (buf.len() / bs) as u64;
+    let first = (layout.log_blocks - pos % layout.log_blocks).min(blocks) as usize * bs;
+    cache.read_at(layout.log_offset(pos), &mut buf[..first]).map_err(EngineError::cache)?;
+    if first < buf.len() {
+        cache.read_at(layout.log_offset(pos + (first / bs) as u64), &mut buf[first..]).map_err(EngineError::cache)?;
+    }
+    Ok(())
+}
