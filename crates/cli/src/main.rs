@@ -2,7 +2,10 @@
 //! Operating errors become one line on stderr and a non-zero exit code.
 
 mod bench;
+mod devices;
 mod report;
+mod torture_cmd;
+mod volume_cmds;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -12,9 +15,14 @@ use std::process::ExitCode;
 #[derive(Debug, Parser)]
 #[command(name = "tiercache", version, about, long_about = None, after_help = "\
 Start here:
-  tiercache bench fsync                 reproduce the fsync table of the seeds on emulated devices
-  tiercache bench fsync --target FILE   measure a real file (O_DIRECT and buffered)
-  tiercache <COMMAND> --help            what each command does, with examples")]
+  tiercache bench fsync                  the seed fsync table on emulated devices, plus the hybrid volume
+  tiercache create --cache FAST --backing SLOW [--cache-size 16G]
+  tiercache status --cache FAST          what the cache holds, how dirty it is, its hit ratio
+  tiercache flush --cache FAST --backing SLOW   write everything back (then SLOW alone is complete)
+  tiercache torture --cycles 10000       the crash simulator
+
+A DEVICE is a file or block device path, or emulated:PROFILE:PATH for a file with the timing
+of optane, nvme, sata-raid5, hdd or usb-disk. `tiercache <COMMAND> --help` has examples.")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -22,20 +30,44 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Measure devices and volumes: fsync rate and latency percentiles, side by side.
+    /// Format a cache device for a backing device (only the cache device is written).
+    Create(volume_cmds::CreateArgs),
+    /// Show what a cache holds: sizes, dirty data, hit ratio, index RAM.
+    Status(volume_cmds::StatusArgs),
+    /// Check a cache offline: log chain, every block's checksum, clean blocks against backing.
+    Check(volume_cmds::CheckArgs),
+    /// Write every dirty block back; afterwards the backing device alone holds all data.
+    Flush(volume_cmds::FlushArgs),
+    /// Run the crash simulator: random I/O, crashes with torn writes, recovery, checks.
+    Torture(torture_cmd::TortureArgs),
+    /// Measure devices and volumes side by side (fsync rate, write-back throughput).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The simulator injects device failures on purpose: their error logs are noise there.
+    let default_filter = if matches!(cli.command, Command::Torture(_)) { "off" } else { "warn" };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("TIERCACHE_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
+        Command::Create(a) => volume_cmds::create_cmd(a),
+        Command::Status(a) => volume_cmds::status_cmd(a),
+        Command::Check(a) => volume_cmds::check_cmd(a),
+        Command::Flush(a) => volume_cmds::flush_cmd(a),
+        Command::Torture(a) => torture_cmd::torture_cmd(a),
         Command::Bench(cmd) => bench::run(cmd),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            // `{:#}` prints the context chain on one line: "opening X: X: no such file".
+            // `{:#}` prints the context chain on one line: "cache device: X: no such file".
             eprintln!("tiercache: error: {e:#}");
             ExitCode::FAILURE
         }

@@ -19,6 +19,10 @@ pub const DEFAULT_DIRTY_HIGH_PERMILLE: u16 = 700;
 /// Blocks the background destager writes back per batch (sorted and merged).
 pub const DESTAGE_BATCH_BLOCKS: usize = 4096;
 
+/// The background pre-cleaner writes back dirty blocks this many segments ahead of the
+/// log head, so reclaim finds them clean.
+pub const PRECLEAN_SEGMENTS: u64 = 4;
+
 /// Read requests larger than this bypass admission (sequential scans do not flush the cache).
 pub const ADMIT_MAX_REQUEST_BYTES: u64 = 256 * 1024;
 

@@ -14,6 +14,7 @@ use tiercache_format::constants::MAX_BACKING_BLOCKS;
 /// The key marking an empty bucket.
 const EMPTY: u32 = u32::MAX;
 const _: () = assert!(MAX_BACKING_BLOCKS < EMPTY as u64);
+const _: () = assert!(tiercache_format::constants::MAX_LOG_BLOCKS <= SLOT_MASK as u64 + 1);
 
 /// Maximum load factor, as a fraction: 85 / 100.
 const LOAD_NUM: u64 = 85;
@@ -88,10 +89,6 @@ impl Index {
 
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// Entries that are dirty.
@@ -227,14 +224,6 @@ impl Index {
     /// Every entry, in table order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, IndexEntry)> + '_ {
         self.buckets.iter().filter(|b| b.key != EMPTY).map(|b| (u64::from(b.key), b.entry()))
-    }
-
-    /// Keeps only the entries for which `keep` returns true.
-    pub fn retain(&mut self, mut keep: impl FnMut(u64, &IndexEntry) -> bool) {
-        let doomed: Vec<u64> = self.iter().filter(|(b, e)| !keep(*b, e)).map(|(b, _)| b).collect();
-        for b in doomed {
-            self.remove(b);
-        }
     }
 }
 

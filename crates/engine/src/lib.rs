@@ -14,6 +14,7 @@
 //! [`Volume::read`], [`Volume::write`], [`Volume::flush`], [`Volume::discard`] serve I/O;
 //! [`Background`] runs the destager and the staging writer; [`torture`] is the crash simulator.
 
+mod check;
 pub mod constants;
 mod error;
 mod index;
@@ -21,6 +22,7 @@ mod open;
 pub mod torture;
 mod volume;
 
+pub use check::CheckReport;
 pub use error::{EngineError, Result, Role};
 pub use index::IndexEntry;
 pub use open::{create, read_superblock, CreateOptions, OpenReport};

@@ -439,14 +439,24 @@ impl Volume {
         Ok((volume, report))
     }
 
-    /// Recovers the index from the cache device alone, read-only, for `status` and `check`
-    /// without the backing device.
-    pub fn inspect(cache: Arc<dyn BlockDevice>, clock: Arc<dyn Clock>) -> Result<Volume> {
+    /// Recovers the index without writing anything, for `status` and `check`. With a backing
+    /// device, checks that it is the right one; without, any backing I/O fails.
+    pub fn inspect(
+        cache: Arc<dyn BlockDevice>,
+        backing: Option<Arc<dyn BlockDevice>>,
+        clock: Arc<dyn Clock>,
+    ) -> Result<Volume> {
         let recovered = recover(&*cache)?;
-        let backing: Arc<dyn BlockDevice> = Arc::new(NoBacking {
-            size_bytes: recovered.superblock.backing_size_bytes,
-            block_size: recovered.superblock.layout.block_size,
-        });
+        let backing: Arc<dyn BlockDevice> = match backing {
+            Some(b) => {
+                check_backing(&recovered.superblock, &recovered.index, &*b)?;
+                b
+            }
+            None => Arc::new(NoBacking {
+                size_bytes: recovered.superblock.backing_size_bytes,
+                block_size: recovered.superblock.layout.block_size,
+            }),
+        };
         Ok(Volume::assemble(cache, backing, clock, recovered, VolumeOptions::default()))
     }
 }

@@ -223,13 +223,18 @@ impl Harness {
         }
     }
 
-    fn run_cycle(&mut self, volume: &Volume, faults_armed: &mut bool) -> bool {
+    /// Failed device operations so far (both devices; the counters never reset).
+    fn failed_ops(&self) -> u64 {
+        self.cache.stats().failed_ops + self.backing.stats().failed_ops
+    }
+
+    fn run_cycle(&mut self, volume: &Volume, faults_armed: bool, failed_before: u64) -> bool {
         let ops = self.rng.gen_range(1..=self.max_ops);
         for _ in 0..ops {
             self.report.operations += 1;
             let dice = self.rng.gen_range(0..100);
             let ok = match dice {
-                0..=39 | 40..=44 => {
+                0..=44 => {
                     let fua = dice >= 40;
                     let start = self.pick_block();
                     let n = self.rng.gen_range(1..=8).min(self.blocks - start);
@@ -300,8 +305,8 @@ impl Harness {
                 _ => volume.background_tick(),
             };
             if let Err(e) = ok {
-                let injected = self.cache.stats().failed_ops + self.backing.stats().failed_ops > 0;
-                if !(*faults_armed && injected) {
+                let injected = self.failed_ops() > failed_before;
+                if !(faults_armed && injected) {
                     self.violation("unexpected_error", None, e.to_string());
                 }
                 return false; // stop and crash
@@ -361,6 +366,7 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
             h.verify_all(&volume);
         }
         // Arm a device failure in some cycles, so that crashes land inside multi-step work.
+        let failed_before = h.failed_ops();
         let mut armed = false;
         if h.rng.gen_bool(0.3) {
             let n = h.rng.gen_range(0..400);
@@ -371,18 +377,18 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
             }
             armed = true;
         }
-        let completed = h.run_cycle(&volume, &mut armed);
+        let completed = h.run_cycle(&volume, armed, failed_before);
         let st = volume.status();
         h.report.records_written += st.counters.records_written;
         h.report.reclaimed_blocks += st.counters.reclaimed_blocks;
         h.report.destaged_blocks += st.counters.destaged_blocks;
         h.report.checkpoints += st.counters.checkpoints;
         h.report.log_wraps = st.log_tail / log_blocks;
-        let injected = h.cache.stats().failed_ops + h.backing.stats().failed_ops > 0;
+        let injected = h.failed_ops() > failed_before;
         if injected {
             h.report.injected_device_failures += 1;
         }
-        if completed && !injected && h.rng.gen_bool(0.1) {
+        if completed && !armed && h.rng.gen_bool(0.1) {
             // A clean shutdown: everything flushed, nothing may be lost or replayed wrongly.
             if let Err(e) = volume.shutdown() {
                 h.violation("unexpected_error", None, format!("shutdown: {e}"));

@@ -20,8 +20,9 @@
 //! - `tail + 1 <= head + log_blocks` after every record write: one block is always free for
 //!   the reclaim marker, which must land in space that recovery no longer points into;
 //! - `head <= checkpoint position`: replay always starts at or after the head;
-//! - records are written in sequence order; `durable_seq` only grows, and only after a
-//!   cache-device flush that started after those records were written.
+//! - records are written in sequence order; `durable_sealed` only grows, and only after a
+//!   cache-device flush that started after those records were written (it counts sealed
+//!   staging buffers, not sequence numbers, which reclaim markers also consume).
 
 use crate::constants::*;
 use crate::error::{EngineError, Result};
@@ -213,8 +214,15 @@ struct State {
     tail: u64,
     next_seq: u64,
     last_header_crc: u32,
-    /// Every record with a sequence up to this one is durable.
-    durable_seq: u64,
+    /// Staging buffers sealed into records so far, and how many of those are durable. FLUSH
+    /// compares these (not sequence numbers, which reclaim markers also consume).
+    sealed: u64,
+    durable_sealed: u64,
+    /// Where the last completed record write ends: log walkers never read past it (a record
+    /// between here and `tail` is still being written).
+    written_tail: u64,
+    /// The background pre-cleaner has looked at every record before this position.
+    precleaned_until: u64,
     checkpoint_position: u64,
     checkpoint_seq: u64,
     pending_meta: VecDeque<RecordEntry>,
@@ -274,6 +282,10 @@ pub struct Volume {
     destage: Mutex<u64>,
     state: Mutex<State>,
     superblock: Mutex<Superblock>,
+    /// Dirty watermarks in blocks (fixed while open; copied so that no path takes the
+    /// superblock lock while holding the state lock).
+    dirty_low_blocks: u64,
+    dirty_high_blocks: u64,
     background: AtomicBool,
 }
 
@@ -320,7 +332,10 @@ impl Volume {
                 tail: r.tail,
                 next_seq: r.next_seq,
                 last_header_crc: r.last_header_crc,
-                durable_seq: r.next_seq - 1,
+                sealed: 0,
+                durable_sealed: 0,
+                written_tail: r.tail,
+                precleaned_until: r.head,
                 checkpoint_position: r.checkpoint_position,
                 checkpoint_seq: r.checkpoint_seq,
                 pending_meta: VecDeque::new(),
@@ -331,6 +346,8 @@ impl Volume {
                 counters: Counters::default(),
                 destaging: false,
             }),
+            dirty_low_blocks: layout.log_blocks * u64::from(r.superblock.dirty_low_permille) / 1000,
+            dirty_high_blocks: layout.log_blocks * u64::from(r.superblock.dirty_high_permille) / 1000,
             superblock: Mutex::new(r.superblock),
             background: AtomicBool::new(false),
         }
@@ -438,17 +455,13 @@ impl Volume {
             let mut st = self.lock();
             st.check_poisoned()?;
             st.counters.flush_requests += 1;
-            if st.staging.has_dirty() {
-                st.next_seq
-            } else {
-                st.next_seq - 1
-            }
+            st.sealed + u64::from(st.staging.has_dirty())
         };
         let mut io = self.io.lock().expect("io lock");
         {
             let st = self.lock();
             st.check_poisoned()?;
-            if st.durable_seq >= target {
+            if st.durable_sealed >= target {
                 return Ok(()); // a flush that started after our writes already covered them
             }
         }
@@ -459,7 +472,7 @@ impl Volume {
     /// Flushes the cache device; afterwards every record written so far is durable.
     /// Called with the io lock held.
     fn flush_cache(&self, skip: bool) -> Result<()> {
-        let upto = self.lock().next_seq - 1;
+        let upto = self.lock().sealed;
         if !skip {
             if let Err(e) = self.cache.flush() {
                 let e = EngineError::cache(e);
@@ -468,7 +481,10 @@ impl Volume {
             }
         }
         let mut st = self.lock();
-        st.durable_seq = st.durable_seq.max(upto);
+        // Another thread's failed write or flush poisons the volume: a later successful flush
+        // must not report durability (no retried fsync).
+        st.check_poisoned()?;
+        st.durable_sealed = st.durable_sealed.max(upto);
         st.counters.cache_flushes += 1;
         Ok(())
     }
@@ -536,6 +552,7 @@ impl Volume {
         st.inflight = Some(Inflight { buf: Arc::clone(&buf), map });
         st.tail = pos + blocks;
         st.next_seq += 1;
+        st.sealed += 1;
         st.last_header_crc = crc;
         let now = self.clock.now_ns();
         if st.age_samples.back().is_none_or(|&(_, t)| now > t + 1_000_000) {
@@ -555,6 +572,7 @@ impl Volume {
             st.poison(format!("writing a log record failed: {e}"));
             return Err(e);
         }
+        st.written_tail = pos + blocks;
         let inflight = st.inflight.take().expect("inflight record");
         for (k, &(block, kind, crc)) in data.iter().enumerate() {
             if inflight.map.get(&block) == Some(&k) {
@@ -650,6 +668,7 @@ impl Volume {
             self.lock().poison(format!("writing a reclaim marker failed: {e}"));
             return Err(e);
         }
+        self.lock().written_tail = pos + 1;
         self.flush_cache(self.options.sabotage == Sabotage::ReclaimSkipsMarkerFlush)?;
         self.lock().head = new_head;
         Ok(())
@@ -751,12 +770,14 @@ impl Volume {
         {
             let mut st = self.lock();
             st.counters.read_requests += 1;
+            if !st.lost.is_empty() {
+                if let Some(block) = (first..first + nblocks as u64).find(|b| st.lost.contains(b)) {
+                    return Err(EngineError::LostBlock { block });
+                }
+            }
             for i in 0..nblocks {
                 let block = first + i as u64;
                 let out = &mut buf[i * bs..(i + 1) * bs];
-                if st.lost.contains(&block) {
-                    return Err(EngineError::LostBlock { block });
-                }
                 if let Some(&k) = st.staging.map.get(&block) {
                     out.copy_from_slice(st.staging.block(k, bs));
                     plan.push(Source::Copied);
@@ -849,7 +870,7 @@ impl Volume {
         let bs = self.bs;
         loop {
             let entry = {
-                let mut st = self.lock();
+                let st = self.lock();
                 if st.lost.contains(&block) {
                     return Err(EngineError::LostBlock { block });
                 }
@@ -877,8 +898,11 @@ impl Volume {
             if current.map(|c| (c.slot, c.crc)) != Some((entry.slot, entry.crc)) {
                 continue; // moved again: retry
             }
-            let good = read.is_ok() && checksum(out) == entry.crc;
-            if good {
+            if let Err(e) = read {
+                // An I/O error is reported as such; the block is not declared lost for it.
+                return Err(EngineError::cache(e));
+            }
+            if checksum(out) == entry.crc {
                 return Ok(());
             }
             if entry.dirty {
@@ -886,10 +910,7 @@ impl Volume {
                 st.index.remove(block);
                 st.lost.insert(block);
                 tracing::error!(block, "dirty block failed its checksum on the cache device: lost");
-                return Err(match read {
-                    Err(e) => EngineError::cache(e),
-                    Ok(()) => EngineError::LostBlock { block },
-                });
+                return Err(EngineError::LostBlock { block });
             }
             // A bad clean copy: forget it and read the backing device (repair by re-admission
             // happens on a later miss).
@@ -920,7 +941,7 @@ impl Volume {
         self.check_request(offset, len)?;
         let bs = self.bs as u64;
         let (first, end) = (offset / bs, (offset + len) / bs);
-        let mut st = self.lock();
+        let st = self.lock();
         st.check_poisoned()?;
         let mut blocks: Vec<u64> = if end - first > st.index.len() as u64 {
             st.index.iter().map(|(b, _)| b).filter(|b| (first..end).contains(b)).collect()
@@ -990,20 +1011,21 @@ impl Volume {
         self.destage_blocks(batch)
     }
 
-    /// Writes back the oldest dirty blocks (those nearest the head), so that reclaim finds
-    /// clean segments. Returns how many blocks were written back.
+    /// Writes back the dirty blocks in the next reclaim window (the few segments after the
+    /// head), so that reclaim finds them clean and writes never wait for the backing device.
+    /// Incremental: each record header is read once. Returns how many blocks were written back.
     pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
         let _cursor = self.destage.lock().expect("destage lock");
-        let (head, tail) = {
+        let (from, until) = {
             let st = self.lock();
             st.check_poisoned()?;
-            (st.head, st.tail)
+            let window_end = st.head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks);
+            (st.precleaned_until.max(st.head), window_end.min(st.written_tail))
         };
         let mut batch = Vec::new();
-        let mut pos = head;
-        while pos < tail && batch.len() < max_blocks {
-            let until = pos + 1;
-            pos = self.walk_records(pos, until, |p, header| {
+        let mut pos = from;
+        while pos < until && batch.len() < max_blocks {
+            pos = self.walk_records(pos, pos + 1, |p, header| {
                 let st = self.lock();
                 for (k, e) in header.entries.iter().filter(|e| e.kind.has_data()).enumerate() {
                     if let Some(ie) = st.index.get(e.backing_block) {
@@ -1014,10 +1036,10 @@ impl Volume {
                 }
             })?;
         }
-        if batch.is_empty() {
-            return Ok(0);
-        }
-        self.destage_blocks(batch)
+        let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
+        let mut st = self.lock();
+        st.precleaned_until = st.precleaned_until.max(pos);
+        Ok(written)
     }
 
     /// Writes `blocks` back to the backing device (destage lock held): read from the cache
@@ -1073,9 +1095,10 @@ impl Volume {
         }
         if let Some(fp) = new_fingerprint {
             // Phase 1: an attach during or after the write accepts the new content too.
-            let mut sb = self.superblock.lock().expect("superblock lock");
+            // (Only the destager writes the superblock, under the destage lock.)
+            let mut sb = self.superblock();
             sb.backing_fingerprint_next = Some(fp);
-            self.write_superblock(&mut sb)?;
+            self.write_superblock(sb)?;
         }
         let mut i = 0;
         let mut written = 0;
@@ -1122,8 +1145,9 @@ impl Volume {
         Ok(written)
     }
 
-    /// Writes the next superblock copy and flushes the cache device.
-    fn write_superblock(&self, sb: &mut Superblock) -> Result<()> {
+    /// Writes the next superblock copy and flushes the cache device, then makes it current.
+    /// Holds no lock across the I/O.
+    fn write_superblock(&self, mut sb: Superblock) -> Result<()> {
         sb.sequence += 1;
         let mut block = AlignedBuf::new(self.bs);
         sb.encode(&mut block);
@@ -1134,6 +1158,7 @@ impl Volume {
             self.lock().poison(format!("writing the superblock failed: {e}"));
             return Err(e);
         }
+        *self.superblock.lock().expect("superblock lock") = sb;
         Ok(())
     }
 
@@ -1142,6 +1167,7 @@ impl Volume {
     pub fn flush_all(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
         self.flush()?;
         let mut done = 0u64;
+        let mut stalled = 0;
         loop {
             let n = self.destage_step(DESTAGE_BATCH_BLOCKS)? as u64;
             done += n;
@@ -1151,8 +1177,15 @@ impl Volume {
                 break;
             }
             if n == 0 {
-                // Dirty entries that could not be written (lost blocks) would loop for ever.
-                return Err(EngineError::Corrupt(format!("{remaining} dirty blocks could not be written back")));
+                // Every block of the batch was overwritten meanwhile (retry), or some dirty
+                // blocks cannot be written back at all (give up after a while).
+                stalled += 1;
+                if stalled > 100 {
+                    return Err(EngineError::Corrupt(format!("{remaining} dirty blocks could not be written back")));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            } else {
+                stalled = 0;
             }
         }
         self.checkpoint()
@@ -1163,21 +1196,14 @@ impl Volume {
     /// One round of background work: write out old staged data, destage between the
     /// watermarks, pre-clean the head when free space runs low.
     pub fn background_tick(&self) -> Result<()> {
-        let (stale, dirty, free, low, high) = {
+        let (low, high) = (self.dirty_low_blocks, self.dirty_high_blocks);
+        let (stale, dirty) = {
             let st = self.lock();
             st.check_poisoned()?;
             let now = self.clock.now_ns();
             let stale =
                 st.staging.first_staged_ns.is_some_and(|t| now.saturating_sub(t) > STAGING_MAX_AGE_MS * 1_000_000);
-            let sb = self.superblock.lock().expect("superblock lock");
-            let log = self.layout.log_blocks;
-            (
-                stale,
-                (st.index.dirty_len() + st.staging.data.len()) as u64,
-                st.head + log - st.tail,
-                log * u64::from(sb.dirty_low_permille) / 1000,
-                log * u64::from(sb.dirty_high_permille) / 1000,
-            )
+            (stale, (st.index.dirty_len() + st.staging.data.len()) as u64)
         };
         if stale {
             if let Ok(mut io) = self.io.try_lock() {
@@ -1196,9 +1222,7 @@ impl Volume {
         if active {
             self.destage_step(DESTAGE_BATCH_BLOCKS)?;
         }
-        if free < self.layout.log_blocks / 4 {
-            self.destage_oldest(u64::from(self.layout.segment_blocks) as usize * 4)?;
-        }
+        self.destage_oldest(DESTAGE_BATCH_BLOCKS)?;
         Ok(())
     }
 
@@ -1216,7 +1240,7 @@ impl Volume {
         let delay_us = {
             let mut st = self.lock();
             let log = self.layout.log_blocks;
-            let high = log * u64::from(self.superblock.lock().expect("superblock lock").dirty_high_permille) / 1000;
+            let high = self.dirty_high_blocks;
             let dirty = st.index.dirty_len() as u64;
             if dirty <= high || log <= high {
                 return;
@@ -1236,8 +1260,8 @@ impl Volume {
     // ---------------------------------------------------------------- status
 
     pub fn status(&self) -> crate::Status {
+        let sb = self.superblock();
         let st = self.lock();
-        let sb = self.superblock.lock().expect("superblock lock").clone();
         let bs = self.bs as u64;
         let now = self.clock.now_ns();
         let oldest_dirty =
@@ -1278,6 +1302,17 @@ impl Volume {
             backing_path: sb.backing_path,
             uuid: sb.uuid.iter().map(|b| format!("{b:02x}")).collect(),
         }
+    }
+
+    /// The live log window `(head, tail)`.
+    pub fn log_window(&self) -> (u64, u64) {
+        let st = self.lock();
+        (st.head, st.tail)
+    }
+
+    /// Walks the record headers in `[from, until)` (for `check`); returns where it stopped.
+    pub(crate) fn walk_log(&self, from: u64, until: u64, visit: impl FnMut(u64, &RecordHeader)) -> Result<u64> {
+        self.walk_records(from, until, visit)
     }
 
     /// Every (backing block, entry) in the index (for `check` and tests).

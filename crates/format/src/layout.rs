@@ -86,7 +86,7 @@ impl Layout {
             return invalid("segment_blocks", format!("{}", self.segment_blocks));
         }
         if self.log_blocks == 0
-            || self.log_blocks % u64::from(self.segment_blocks) != 0
+            || !self.log_blocks.is_multiple_of(u64::from(self.segment_blocks))
             || self.log_blocks > MAX_LOG_BLOCKS
         {
             return invalid("log_blocks", format!("{} (segment {})", self.log_blocks, self.segment_blocks));

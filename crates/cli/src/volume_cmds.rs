@@ -1,0 +1,326 @@
+//! `create`, `status`, `check` and `flush`: the commands that format and inspect a cache.
+
+use crate::devices::{parse_percent, parse_size, DeviceSpec};
+use crate::report::Table;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::sync::Arc;
+use tiercache_device::MonotonicClock;
+use tiercache_engine::{create, read_superblock, CreateOptions, Volume, VolumeOptions};
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  tiercache create --cache /dev/nvme0n1p1 --backing /dev/md0
+  tiercache create --cache /var/cache.img --cache-size 16G --backing /dev/sdb
+  tiercache create --cache emulated:optane:/tmp/c.img --cache-size 1G --backing emulated:usb-disk:/tmp/b.img
+
+Only the cache device is written: the backing device keeps its data and layout (bolt-on).")]
+pub struct CreateArgs {
+    /// The cache device: PATH, or emulated:PROFILE:PATH. A missing file is created with --cache-size.
+    #[arg(long, value_name = "DEVICE")]
+    cache: String,
+    /// The backing device holding the data of record (never written by create).
+    #[arg(long, value_name = "DEVICE")]
+    backing: String,
+    /// Create the cache file with this size if it does not exist (e.g. 16G).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    cache_size: Option<u64>,
+    /// The cache block size in bytes (a power of two, 4096 to 65536).
+    #[arg(long, default_value_t = 4096)]
+    block_size: u32,
+    /// Reclaim granularity (e.g. 1M).
+    #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
+    segment_size: u64,
+    /// The destager stops writing back below this much dirty data (percent of the cache).
+    #[arg(long, value_name = "PERCENT", default_value = "30", value_parser = parse_percent)]
+    dirty_low: u16,
+    /// The destager starts writing back above this much dirty data (percent of the cache).
+    #[arg(long, value_name = "PERCENT", default_value = "70", value_parser = parse_percent)]
+    dirty_high: u16,
+    /// Reformat a device that already holds a tiercache cache (its cached data is lost).
+    #[arg(long)]
+    force: bool,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn create_cmd(args: CreateArgs) -> Result<()> {
+    let cache_spec = DeviceSpec::parse(&args.cache)?;
+    let backing_spec = DeviceSpec::parse(&args.backing)?;
+    let backing = backing_spec.open("backing")?;
+    if !args.segment_size.is_multiple_of(u64::from(args.block_size)) {
+        bail!("--segment-size {} is not a multiple of --block-size {}", args.segment_size, args.block_size);
+    }
+    let segment_blocks = u32::try_from(args.segment_size / u64::from(args.block_size)).context("--segment-size")?;
+    let path = cache_spec.path();
+    let mut created = false;
+    match (std::fs::metadata(path), args.cache_size) {
+        (Err(_), Some(size)) => {
+            // Check the layout before creating anything.
+            tiercache_format::Layout::compute(size, args.block_size, segment_blocks)
+                .map_err(|e| anyhow::anyhow!("--cache-size {size}: {e}"))?;
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(path)
+                .with_context(|| format!("creating {}", path.display()))?;
+            f.set_len(size).with_context(|| format!("sizing {}", path.display()))?;
+            created = true;
+        }
+        (Err(_), None) => {
+            bail!("cache device {}: no such file; give --cache-size to create a file of that size", path.display())
+        }
+        (Ok(m), Some(size)) if m.is_file() && m.len() != size => bail!(
+            "--cache-size {size} given, but {} exists with {} bytes; omit --cache-size to use it as it is",
+            path.display(),
+            m.len()
+        ),
+        _ => {}
+    }
+    let result = (|| -> Result<_> {
+        let cache = cache_spec.open("cache")?;
+        match read_superblock(&*cache) {
+            Ok(sb) if !args.force => bail!(
+                "cache device {} already holds a tiercache cache (for backing {}); formatting it loses its cached data, including dirty blocks never written back; run `tiercache flush` first, or pass --force",
+                path.display(),
+                if sb.backing_path.is_empty() { "unrecorded".to_string() } else { sb.backing_path.clone() }
+            ),
+            _ => {}
+        }
+        let options = CreateOptions {
+            block_size: args.block_size,
+            segment_blocks,
+            dirty_low_permille: args.dirty_low,
+            dirty_high_permille: args.dirty_high,
+            backing_path: backing_spec.path().display().to_string(),
+            uuid: None,
+            created_unix_secs: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
+        };
+        Ok(create(&*cache, &*backing, &options)?)
+    })();
+    let sb = match result {
+        Ok(sb) => sb,
+        Err(e) => {
+            if created {
+                let _ = std::fs::remove_file(path); // leave nothing behind
+            }
+            return Err(e);
+        }
+    };
+    let l = sb.layout;
+    let log_bytes = l.log_blocks * u64::from(l.block_size);
+    let index_bytes_per_block = 12.0 * 100.0 / 85.0;
+    if args.json {
+        let v = serde_json::json!({
+            "cache": path.display().to_string(),
+            "backing": backing_spec.path().display().to_string(),
+            "uuid": sb.uuid.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            "block_size": l.block_size,
+            "cache_size_bytes": sb.cache_size_bytes,
+            "log_bytes": log_bytes,
+            "backing_size_bytes": sb.backing_size_bytes,
+            "index_ram_bytes": (l.log_blocks as f64 * index_bytes_per_block) as u64,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "formatted {} as a write-back cache for {}: {} of cache blocks ({} blocks of {} bytes), index RAM about {}",
+            path.display(),
+            backing_spec.path().display(),
+            human_bytes(log_bytes),
+            l.log_blocks,
+            l.block_size,
+            human_bytes((l.log_blocks as f64 * index_bytes_per_block) as u64)
+        );
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The cache device: PATH, or emulated:PROFILE:PATH.
+    #[arg(long, value_name = "DEVICE")]
+    cache: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn status_cmd(args: StatusArgs) -> Result<()> {
+    let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
+    let volume = Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?;
+    let s = volume.status();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+        return Ok(());
+    }
+    let mut t = Table::new(&["", ""]);
+    let pct =
+        |a: u64, b: u64| if b == 0 { "0.0 %".to_string() } else { format!("{:.1} %", 100.0 * a as f64 / b as f64) };
+    for (k, v) in [
+        ("mode", s.mode.to_string()),
+        ("state", s.failure.clone().map_or(s.state.to_string(), |f| format!("{}: {f}", s.state))),
+        ("backing (at format)", s.backing_path.clone()),
+        ("cache size", human_bytes(s.cache_size_bytes)),
+        ("backing size", human_bytes(s.backing_size_bytes)),
+        ("block size", s.block_size.to_string()),
+        (
+            "cached",
+            format!(
+                "{} ({} blocks, {} of the cache)",
+                human_bytes(s.cached_bytes),
+                s.cached_blocks,
+                pct(s.cached_bytes, s.log_bytes)
+            ),
+        ),
+        (
+            "dirty",
+            format!(
+                "{} ({} blocks, {} of the cache)",
+                human_bytes(s.dirty_bytes),
+                s.dirty_blocks,
+                pct(s.dirty_bytes, s.log_bytes)
+            ),
+        ),
+        (
+            "dirty watermarks",
+            format!(
+                "{:.1} % / {:.1} %",
+                f64::from(s.dirty_low_permille) / 10.0,
+                f64::from(s.dirty_high_permille) / 10.0
+            ),
+        ),
+        ("oldest dirty", s.oldest_dirty_age_seconds.map_or("-".into(), |a| format!("{a:.1} s"))),
+        ("read hit ratio", s.read_hit_ratio.map_or("-".into(), |r| format!("{:.1} %", 100.0 * r))),
+        ("lost blocks", s.lost_blocks.to_string()),
+        (
+            "index RAM",
+            format!(
+                "{} ({:.1} bytes per cached block)",
+                human_bytes(s.index_ram_bytes),
+                s.index_ram_bytes_per_cached_block
+            ),
+        ),
+        ("log used", format!("{:.1} %", s.log_used_permille as f64 / 10.0)),
+    ] {
+        t.row(vec![k.to_string(), v]);
+    }
+    print!("{}", t.render().lines().skip(1).map(|l| format!("{l}\n")).collect::<String>());
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// The cache device: PATH, or emulated:PROFILE:PATH.
+    #[arg(long, value_name = "DEVICE")]
+    cache: String,
+    /// The backing device; clean cached blocks are compared with it.
+    #[arg(long, value_name = "DEVICE")]
+    backing: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn check_cmd(args: CheckArgs) -> Result<()> {
+    let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
+    let backing = DeviceSpec::parse(&args.backing)?.open("backing")?;
+    let volume = Volume::inspect(cache, Some(backing), Arc::new(MonotonicClock::new()))?;
+    let pb = progress("checking", args.json);
+    let report = volume.verify(true, |done, total| {
+        pb.set_length(total);
+        pb.set_position(done);
+    })?;
+    pb.finish_and_clear();
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "{} log records, {} cached blocks ({} dirty): {} verified, {} bad clean, {} bad dirty, {} clean blocks differing from backing",
+            report.log_records,
+            report.cached_blocks,
+            report.dirty_blocks,
+            report.verified_blocks,
+            report.bad_clean_blocks,
+            report.bad_dirty_blocks,
+            report.clean_blocks_differing_from_backing
+        );
+        for p in &report.problems {
+            println!("problem: {p}");
+        }
+    }
+    if !report.is_clean() {
+        bail!("the cache is inconsistent ({} problems)", report.problems.len());
+    }
+    Ok(())
+}
+
+#[derive(Debug, Args)]
+pub struct FlushArgs {
+    /// The cache device: PATH, or emulated:PROFILE:PATH.
+    #[arg(long, value_name = "DEVICE")]
+    cache: String,
+    /// The backing device.
+    #[arg(long, value_name = "DEVICE")]
+    backing: String,
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn flush_cmd(args: FlushArgs) -> Result<()> {
+    let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
+    let backing = DeviceSpec::parse(&args.backing)?.open("backing")?;
+    let started = std::time::Instant::now();
+    let (volume, _) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
+    let dirty = volume.status().dirty_blocks;
+    let pb = progress("writing back", args.json);
+    pb.set_length(dirty);
+    let r = volume.flush_all(|done, _remaining| pb.set_position(done));
+    pb.finish_and_clear();
+    r?;
+    let s = volume.status();
+    if args.json {
+        let v = serde_json::json!({"written_back_blocks": dirty, "dirty_blocks": s.dirty_blocks, "seconds": started.elapsed().as_secs_f64()});
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "wrote back {} dirty blocks in {:.1} s; the backing device now holds all data",
+            dirty,
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// A progress bar on stderr, hidden for --json or when stderr is not a terminal.
+pub fn progress(what: &str, quiet: bool) -> ProgressBar {
+    let pb = ProgressBar::new(0);
+    if quiet {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    pb.set_style(
+        ProgressStyle::with_template("{prefix:>14} [{bar:30}] {pos}/{len} {eta}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    pb.set_prefix(what.to_string());
+    pb
+}
+
+pub fn human_bytes(b: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = b as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
