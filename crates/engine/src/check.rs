@@ -42,10 +42,10 @@ impl Volume {
     /// clean block. `progress(done, total)` is called every 1024 blocks.
     pub fn verify(&self, compare_backing: bool, mut progress: impl FnMut(u64, u64)) -> Result<CheckReport> {
         let mut report = CheckReport::default();
-        let (head, tail) = self.log_window();
-        // The chain of records from head to tail must decode, in order.
+        let (_, from, tail) = self.log_window();
+        // The chain of records recovery replays (checkpoint position to tail) must decode.
         let mut records = 0;
-        match self.walk_log(head, tail, |_, _| records += 1) {
+        match self.walk_log(from, tail, |_, _| records += 1) {
             Ok(end) if end == tail => {}
             Ok(end) => report.problem(format!("record chain ends at {end}, tail is {tail}")),
             Err(e) => report.problem(format!("record chain broken: {e}")),

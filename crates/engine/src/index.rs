@@ -1,31 +1,39 @@
-//! The index: backing block -> where its newest cached copy lives, in 12 bytes per entry.
+//! The index: backing block -> where its newest cached copy lives, in about 12.7 bytes of RAM
+//! per cached block at full cache (the kernel caches spend 50-80 bytes per 4 KiB block).
 //!
-//! An open-addressing hash table with linear probing and backward-shift deletion, sized once
-//! for the most blocks the log can hold (at most 85 % full), so it never grows and never
-//! allocates on the data path. About 14 bytes of RAM per cached block at full cache; the
-//! kernel caches spend 1.3-2 % of the cache size (50-80 bytes per 4 KiB block).
+//! Two arrays, both sized once for the log's block count, so nothing grows or allocates on
+//! the data path:
+//! - `slots`: per log slot, the backing block it holds and the data's CRC (8 bytes). It is
+//!   also the reverse map that reclaim and the pre-cleaner scan, with no I/O.
+//! - `buckets`: an open-addressing hash table (linear probing, backward-shift deletion, at
+//!   most 85 % full) of 4-byte values `slot | DIRTY | REFERENCED`. The key is not stored: a
+//!   bucket's key is `slots[slot].block`, one indirection away.
 //!
-//! Written by hand rather than with `hashbrown`: its power-of-two capacity and control bytes
-//! put it between 13 and 30 bytes per entry depending on where the size falls, and a compact
-//! index is this product's own value (DESIGN.md).
+//! Invariant: a bucket names slot `s` iff `slots[s].block` is that bucket's key, and every
+//! live entry has its own slot. A slot that no entry names has `block == NONE`.
+//!
+//! Written by hand rather than with `hashbrown`: a generic map needs the key in the table and
+//! a power-of-two capacity (13 to 30 bytes per entry), and the compact index is this
+//! product's own value (DESIGN.md).
 
 use tiercache_format::constants::MAX_BACKING_BLOCKS;
 
-/// The key marking an empty bucket.
+/// A bucket with no entry.
 const EMPTY: u32 = u32::MAX;
-const _: () = assert!(MAX_BACKING_BLOCKS < EMPTY as u64);
-const _: () = assert!(tiercache_format::constants::MAX_LOG_BLOCKS <= SLOT_MASK as u64 + 1);
+/// A slot holding no live block.
+const NONE: u32 = u32::MAX;
+const _: () = assert!(MAX_BACKING_BLOCKS < NONE as u64);
 
-/// Maximum load factor, as a fraction: 85 / 100.
+/// Maximum load factor of the bucket table: 85 / 100.
 const LOAD_NUM: u64 = 85;
 const LOAD_DEN: u64 = 100;
 
 const SLOT_MASK: u32 = (1 << 29) - 1;
 const DIRTY_BIT: u32 = 1 << 31;
 const REFERENCED_BIT: u32 = 1 << 30;
-
-/// The largest log slot the index can name (2 TiB of cache at 4 KiB blocks).
-pub const MAX_INDEX_SLOT: u32 = SLOT_MASK;
+// Bit 29 is never set in a bucket, so no value equals EMPTY.
+const _: () = assert!(SLOT_MASK | DIRTY_BIT | REFERENCED_BIT != EMPTY);
+const _: () = assert!(tiercache_format::constants::MAX_LOG_BLOCKS <= SLOT_MASK as u64 + 1);
 
 /// Where a backing block's newest cached copy lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,49 +50,32 @@ pub struct IndexEntry {
 
 #[derive(Debug, Clone, Copy)]
 #[repr(C)]
-struct Bucket {
-    key: u32,
-    /// slot | DIRTY_BIT | REFERENCED_BIT
-    value: u32,
+struct SlotInfo {
+    block: u32,
     crc: u32,
 }
 
-const _: () = assert!(std::mem::size_of::<Bucket>() == 12);
-
-impl Bucket {
-    const VACANT: Bucket = Bucket { key: EMPTY, value: 0, crc: 0 };
-
-    fn entry(&self) -> IndexEntry {
-        IndexEntry {
-            slot: self.value & SLOT_MASK,
-            dirty: self.value & DIRTY_BIT != 0,
-            referenced: self.value & REFERENCED_BIT != 0,
-            crc: self.crc,
-        }
-    }
-
-    fn set(&mut self, key: u32, e: IndexEntry) {
-        assert!(e.slot <= SLOT_MASK, "slot {} too large", e.slot);
-        self.key = key;
-        self.value = e.slot | if e.dirty { DIRTY_BIT } else { 0 } | if e.referenced { REFERENCED_BIT } else { 0 };
-        self.crc = e.crc;
-    }
-}
+const _: () = assert!(std::mem::size_of::<SlotInfo>() == 8);
 
 /// The index. Not synchronised: the volume keeps it under its state lock.
 pub struct Index {
-    buckets: Box<[Bucket]>,
+    buckets: Box<[u32]>,
+    slots: Box<[SlotInfo]>,
     len: usize,
     dirty: usize,
-    max_entries: usize,
 }
 
 impl Index {
-    /// An index able to hold `max_entries` (the log's block count).
-    pub fn with_capacity(max_entries: usize) -> Index {
-        let buckets = (max_entries as u64 * LOAD_DEN).div_ceil(LOAD_NUM).max(max_entries as u64 + 1);
+    /// An index for a log of `log_blocks` slots.
+    pub fn with_capacity(log_blocks: usize) -> Index {
+        let buckets = (log_blocks as u64 * LOAD_DEN).div_ceil(LOAD_NUM).max(log_blocks as u64 + 1);
         let buckets = usize::try_from(buckets).expect("index fits memory");
-        Index { buckets: vec![Bucket::VACANT; buckets].into_boxed_slice(), len: 0, dirty: 0, max_entries }
+        Index {
+            buckets: vec![EMPTY; buckets].into_boxed_slice(),
+            slots: vec![SlotInfo { block: NONE, crc: 0 }; log_blocks].into_boxed_slice(),
+            len: 0,
+            dirty: 0,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -96,14 +87,14 @@ impl Index {
         self.dirty
     }
 
-    /// RAM used by the table itself.
+    /// RAM used by both arrays.
     pub fn memory_bytes(&self) -> usize {
-        self.buckets.len() * std::mem::size_of::<Bucket>()
+        self.buckets.len() * 4 + self.slots.len() * std::mem::size_of::<SlotInfo>()
     }
 
     /// RAM per block when the cache is full (what `status` reports).
     pub fn bytes_per_cached_block(&self) -> f64 {
-        self.memory_bytes() as f64 / self.max_entries.max(1) as f64
+        self.memory_bytes() as f64 / self.slots.len().max(1) as f64
     }
 
     fn home(&self, key: u32) -> usize {
@@ -112,21 +103,32 @@ impl Index {
         ((h * self.buckets.len() as u64) >> 32) as usize
     }
 
+    fn key_of(&self, bucket: u32) -> u32 {
+        self.slots[(bucket & SLOT_MASK) as usize].block
+    }
+
+    fn entry_of(&self, bucket: u32) -> IndexEntry {
+        let slot = bucket & SLOT_MASK;
+        IndexEntry {
+            slot,
+            dirty: bucket & DIRTY_BIT != 0,
+            referenced: bucket & REFERENCED_BIT != 0,
+            crc: self.slots[slot as usize].crc,
+        }
+    }
+
     fn find(&self, key: u32) -> Option<usize> {
         let n = self.buckets.len();
         let mut i = self.home(key);
         loop {
-            let k = self.buckets[i].key;
-            if k == key {
-                return Some(i);
-            }
-            if k == EMPTY {
+            let b = self.buckets[i];
+            if b == EMPTY {
                 return None;
             }
-            i += 1;
-            if i == n {
-                i = 0;
+            if self.key_of(b) == key {
+                return Some(i);
             }
+            i = if i + 1 == n { 0 } else { i + 1 };
         }
     }
 
@@ -136,39 +138,59 @@ impl Index {
     }
 
     pub fn get(&self, block: u64) -> Option<IndexEntry> {
-        self.find(Self::key(block)).map(|i| self.buckets[i].entry())
+        self.find(Self::key(block)).map(|i| self.entry_of(self.buckets[i]))
+    }
+
+    /// The block whose live copy is in `slot`, if any (the reverse map).
+    pub fn owner(&self, slot: u32) -> Option<(u64, IndexEntry)> {
+        let block = self.slots[slot as usize].block;
+        if block == NONE {
+            return None;
+        }
+        let e = self.get(u64::from(block))?;
+        (e.slot == slot).then_some((u64::from(block), e))
     }
 
     /// Sets the referenced bit of a present entry.
     pub fn touch(&mut self, block: u64) {
         if let Some(i) = self.find(Self::key(block)) {
-            self.buckets[i].value |= REFERENCED_BIT;
+            self.buckets[i] |= REFERENCED_BIT;
         }
     }
 
-    /// Inserts or replaces; returns the previous entry.
+    /// Inserts or replaces; returns the previous entry. `e.slot` must hold no other live block.
     pub fn insert(&mut self, block: u64, e: IndexEntry) -> Option<IndexEntry> {
         let key = Self::key(block);
-        let n = self.buckets.len();
-        let mut i = self.home(key);
-        loop {
-            let k = self.buckets[i].key;
-            if k == key {
-                let old = self.buckets[i].entry();
+        assert!(e.slot <= SLOT_MASK && (e.slot as usize) < self.slots.len(), "slot {} out of range", e.slot);
+        debug_assert!(
+            self.owner(e.slot).is_none_or(|(b, _)| b == block),
+            "slot {} still holds a live block while {block} is put there",
+            e.slot
+        );
+        let value = e.slot | if e.dirty { DIRTY_BIT } else { 0 } | if e.referenced { REFERENCED_BIT } else { 0 };
+        match self.find(key) {
+            Some(i) => {
+                let old = self.entry_of(self.buckets[i]);
                 self.dirty = self.dirty - usize::from(old.dirty) + usize::from(e.dirty);
-                self.buckets[i].set(key, e);
-                return Some(old);
+                if old.slot != e.slot {
+                    self.slots[old.slot as usize] = SlotInfo { block: NONE, crc: 0 };
+                }
+                self.slots[e.slot as usize] = SlotInfo { block: key, crc: e.crc };
+                self.buckets[i] = value;
+                Some(old)
             }
-            if k == EMPTY {
-                assert!(self.len < self.max_entries, "index over capacity ({} entries)", self.max_entries);
-                self.buckets[i].set(key, e);
+            None => {
+                assert!(self.len < self.slots.len(), "index over capacity ({} entries)", self.slots.len());
+                self.slots[e.slot as usize] = SlotInfo { block: key, crc: e.crc };
+                let n = self.buckets.len();
+                let mut i = self.home(key);
+                while self.buckets[i] != EMPTY {
+                    i = if i + 1 == n { 0 } else { i + 1 };
+                }
+                self.buckets[i] = value;
                 self.len += 1;
                 self.dirty += usize::from(e.dirty);
-                return None;
-            }
-            i += 1;
-            if i == n {
-                i = 0;
+                None
             }
         }
     }
@@ -176,8 +198,8 @@ impl Index {
     /// Marks a present entry clean if it still names `slot`; returns whether it did.
     pub fn mark_clean(&mut self, block: u64, slot: u32) -> bool {
         match self.find(Self::key(block)) {
-            Some(i) if self.buckets[i].entry().slot == slot && self.buckets[i].entry().dirty => {
-                self.buckets[i].value &= !DIRTY_BIT;
+            Some(i) if self.buckets[i] & SLOT_MASK == slot && self.buckets[i] & DIRTY_BIT != 0 => {
+                self.buckets[i] &= !DIRTY_BIT;
                 self.dirty -= 1;
                 true
             }
@@ -188,7 +210,8 @@ impl Index {
     /// Removes an entry; returns it.
     pub fn remove(&mut self, block: u64) -> Option<IndexEntry> {
         let mut hole = self.find(Self::key(block))?;
-        let old = self.buckets[hole].entry();
+        let old = self.entry_of(self.buckets[hole]);
+        self.slots[old.slot as usize] = SlotInfo { block: NONE, crc: 0 };
         self.len -= 1;
         self.dirty -= usize::from(old.dirty);
         // Backward-shift deletion: move later members of the probe run into the hole so
@@ -197,19 +220,19 @@ impl Index {
         let mut j = hole;
         loop {
             j = if j + 1 == n { 0 } else { j + 1 };
-            let k = self.buckets[j].key;
-            if k == EMPTY {
+            let b = self.buckets[j];
+            if b == EMPTY {
                 break;
             }
-            let home = self.home(k);
+            let home = self.home(self.key_of(b));
             // Can bucket j's entry move to `hole`? Only if its home is not cyclically in (hole, j].
             let in_range = if hole <= j { home > hole && home <= j } else { home > hole || home <= j };
             if !in_range {
-                self.buckets[hole] = self.buckets[j];
+                self.buckets[hole] = b;
                 hole = j;
             }
         }
-        self.buckets[hole] = Bucket::VACANT;
+        self.buckets[hole] = EMPTY;
         Some(old)
     }
 
@@ -223,7 +246,7 @@ impl Index {
 
     /// Every entry, in table order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, IndexEntry)> + '_ {
-        self.buckets.iter().filter(|b| b.key != EMPTY).map(|b| (u64::from(b.key), b.entry()))
+        self.buckets.iter().filter(|&&b| b != EMPTY).map(|&b| (u64::from(self.key_of(b)), self.entry_of(b)))
     }
 }
 
@@ -233,27 +256,31 @@ mod tests {
     use rand::{Rng, SeedableRng};
     use std::collections::HashMap;
 
-    fn e(slot: u32, dirty: bool) -> IndexEntry {
-        IndexEntry { slot, dirty, referenced: false, crc: slot.wrapping_mul(7) }
-    }
-
     #[test]
-    fn behaves_like_a_hashmap_under_random_operations() {
+    fn behaves_like_a_hashmap_with_a_reverse_map_under_random_operations() {
         for seed in 0..20 {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
-            let cap = rng.gen_range(1..500);
+            let cap = rng.gen_range(1..500usize);
             let mut idx = Index::with_capacity(cap);
             let mut model: HashMap<u64, IndexEntry> = HashMap::new();
             for _ in 0..5000 {
                 let key = rng.gen_range(0..cap as u64 * 2);
                 match rng.gen_range(0..4) {
-                    0 | 1 if model.len() < cap || model.contains_key(&key) => {
-                        let v = e(rng.gen_range(0..1000), rng.gen_bool(0.5));
+                    0 | 1 => {
+                        // Only free slots (or the key's own) may be used, as in the log.
+                        let used: std::collections::HashSet<u32> =
+                            model.iter().filter(|(k, _)| **k != key).map(|(_, v)| v.slot).collect();
+                        let free: Vec<u32> = (0..cap as u32).filter(|s| !used.contains(s)).collect();
+                        if free.is_empty() {
+                            continue;
+                        }
+                        let slot = free[rng.gen_range(0..free.len())];
+                        let v = IndexEntry { slot, dirty: rng.gen_bool(0.5), referenced: false, crc: rng.gen() };
                         assert_eq!(idx.insert(key, v), model.insert(key, v));
                     }
                     2 => assert_eq!(idx.remove(key), model.remove(&key)),
                     _ => {
-                        let slot = rng.gen_range(0..1000);
+                        let slot = rng.gen_range(0..cap as u32);
                         let expect = matches!(model.get(&key), Some(x) if x.slot == slot && x.dirty);
                         assert_eq!(idx.mark_clean(key, slot), expect);
                         if expect {
@@ -266,7 +293,10 @@ mod tests {
             }
             for (k, v) in &model {
                 assert_eq!(idx.get(*k), Some(*v), "seed {seed} key {k}");
+                assert_eq!(idx.owner(v.slot), Some((*k, *v)), "seed {seed} reverse map of slot {}", v.slot);
             }
+            let live: usize = (0..cap as u32).filter(|&s| idx.owner(s).is_some()).count();
+            assert_eq!(live, model.len());
             assert_eq!(idx.iter().count(), model.len());
         }
     }
@@ -276,13 +306,14 @@ mod tests {
         let cap = 10_000;
         let mut idx = Index::with_capacity(cap);
         for k in 0..cap as u64 {
-            idx.insert(k * 7919, e(k as u32, false));
+            idx.insert(k * 7919, IndexEntry { slot: k as u32, dirty: false, referenced: false, crc: 1 });
         }
         for k in (0..cap as u64).step_by(3) {
             idx.remove(k * 7919);
         }
         for k in 0..cap as u64 {
             assert_eq!(idx.get(k * 7919).is_some(), k % 3 != 0, "key {k}");
+            assert_eq!(idx.owner(k as u32).is_some(), k % 3 != 0);
         }
     }
 
@@ -290,16 +321,18 @@ mod tests {
     fn ram_per_cached_block_is_under_16_bytes() {
         for cap in [1000, 262_144, 1_000_003] {
             let idx = Index::with_capacity(cap);
-            assert!(idx.bytes_per_cached_block() <= 14.2, "{cap}: {}", idx.bytes_per_cached_block());
+            assert!(idx.bytes_per_cached_block() <= 12.8, "{cap}: {}", idx.bytes_per_cached_block());
         }
     }
 
     #[test]
-    fn referenced_bit_is_kept_apart_from_the_slot() {
-        let mut idx = Index::with_capacity(4);
-        idx.insert(3, e(MAX_INDEX_SLOT, true));
+    fn flags_are_kept_apart_from_the_slot() {
+        let mut idx = Index::with_capacity(SLOT_MASK as usize + 1 - (SLOT_MASK as usize + 1 - 8));
+        idx.insert(3, IndexEntry { slot: 7, dirty: true, referenced: false, crc: 9 });
         idx.touch(3);
         let got = idx.get(3).unwrap();
-        assert_eq!((got.slot, got.dirty, got.referenced), (MAX_INDEX_SLOT, true, true));
+        assert_eq!((got.slot, got.dirty, got.referenced, got.crc), (7, true, true, 9));
+        assert!(idx.mark_clean(3, 7));
+        assert!(!idx.get(3).unwrap().dirty);
     }
 }

@@ -90,10 +90,6 @@ struct BlockModel {
     floor: u64,
     /// Versions completed after `floor`, oldest first; the last is the current one.
     newer: Vec<u64>,
-    /// Trimmed and not rewritten since: reads may return any version of this block.
-    trimmed: bool,
-    /// A crash may leave any version of this block (trimmed and not flushed since).
-    trimmed_durable: bool,
     /// Every version ever written (to tell "stale" from "garbage").
     all: Vec<u64>,
 }
@@ -168,7 +164,7 @@ impl Harness {
         let m = &self.model[block as usize];
         match unstamp(data) {
             Some((b, v)) if b == block => {
-                let allowed = m.trimmed_durable && m.all.contains(&v) || v == m.floor || m.newer.contains(&v);
+                let allowed = v == m.floor || m.newer.contains(&v);
                 if !allowed {
                     if m.all.contains(&v) {
                         let detail = format!("read version {v}, last flushed {}, newer {:?}", m.floor, m.newer);
@@ -180,8 +176,6 @@ impl Harness {
                 let m = &mut self.model[block as usize];
                 m.floor = v;
                 m.newer.clear();
-                m.trimmed = false;
-                m.trimmed_durable = false;
             }
             Some((b, v)) => {
                 self.violation("corrupt_read", Some(block), format!("holds block {b}'s data (version {v})"));
@@ -195,7 +189,7 @@ impl Harness {
         let m = &self.model[block as usize];
         let expect = m.current();
         match unstamp(data) {
-            Some((b, v)) if b == block && (v == expect || m.trimmed && m.all.contains(&v)) => {}
+            Some((b, v)) if b == block && v == expect => {}
             Some((b, v)) if b == block && m.all.contains(&v) => {
                 self.violation("stale_read", Some(block), format!("read version {v}, expected {expect}"));
             }
@@ -253,11 +247,9 @@ impl Harness {
                         let m = &mut self.model[(start + i as u64) as usize];
                         m.newer.push(*v);
                         m.all.push(*v);
-                        m.trimmed = false;
                         if r.is_ok() && fua {
                             m.floor = *v;
                             m.newer.clear();
-                            m.trimmed_durable = false;
                         }
                     }
                     r.map(|_| ())
@@ -281,7 +273,6 @@ impl Harness {
                         for m in &mut self.model {
                             m.floor = m.current();
                             m.newer.clear();
-                            m.trimmed_durable = m.trimmed;
                         }
                     }
                     r
@@ -289,15 +280,8 @@ impl Harness {
                 80..=82 => {
                     let start = self.pick_block();
                     let n = self.rng.gen_range(1..=4).min(self.blocks - start);
-                    let r = volume.discard(start * BS as u64, n * BS as u64);
-                    if r.is_ok() {
-                        for b in start..start + n {
-                            let m = &mut self.model[b as usize];
-                            m.trimmed = true;
-                            m.trimmed_durable = true;
-                        }
-                    }
-                    r
+                    // A TRIM is a hint: the block keeps reading as its last write.
+                    volume.discard(start * BS as u64, n * BS as u64)
                 }
                 83..=89 => volume.destage_step(self.rng.gen_range(1..64)).map(|_| ()),
                 90..=93 => volume.destage_oldest(self.rng.gen_range(1..32)).map(|_| ()),
@@ -396,7 +380,6 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
                 for m in &mut h.model {
                     m.floor = m.current();
                     m.newer.clear();
-                    m.trimmed_durable = m.trimmed;
                 }
             }
             drop(volume);

@@ -26,7 +26,7 @@
 
 use crate::constants::*;
 use crate::error::{EngineError, Result};
-use crate::index::{Index, IndexEntry, MAX_INDEX_SLOT};
+use crate::index::{Index, IndexEntry};
 use serde::Serialize;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -179,6 +179,8 @@ impl Staging {
 /// A sealed record whose write is in progress (or failed): reads are served from it.
 struct Inflight {
     buf: Arc<AlignedBuf>,
+    /// The sealed data entries (recycled into staging once written).
+    data: Vec<(u64, EntryKind, u32)>,
     /// Backing block -> data index; a TRIM removes its block so the write does not resurrect it.
     map: HashMap<u64, usize>,
 }
@@ -226,6 +228,9 @@ struct State {
     checkpoint_position: u64,
     checkpoint_seq: u64,
     pending_meta: VecDeque<RecordEntry>,
+    /// Emptied containers of the last written record, reused by the next seal.
+    spare_data: Vec<(u64, EntryKind, u32)>,
+    spare_map: HashMap<u64, usize>,
     /// Read-miss fills in flight: block -> (readers, cancelled by a write or trim).
     fills: HashMap<u64, (u32, bool)>,
     /// Dirty blocks whose only copy failed its checksum: reads fail until they are rewritten.
@@ -312,7 +317,7 @@ impl Volume {
     ) -> Volume {
         let layout = r.superblock.layout;
         let bs = layout.block_size as usize;
-        assert!(layout.log_blocks <= u64::from(MAX_INDEX_SLOT) + 1);
+        assert!(layout.log_blocks <= tiercache_format::constants::MAX_LOG_BLOCKS);
         Volume {
             cache,
             backing,
@@ -339,6 +344,8 @@ impl Volume {
                 checkpoint_position: r.checkpoint_position,
                 checkpoint_seq: r.checkpoint_seq,
                 pending_meta: VecDeque::new(),
+                spare_data: Vec::with_capacity(RECORD_ENTRIES),
+                spare_map: HashMap::with_capacity(RECORD_ENTRIES),
                 fills: HashMap::new(),
                 lost: HashSet::new(),
                 poisoned: None,
@@ -544,12 +551,13 @@ impl Volume {
         let crc = header.encode(self.uuid_low, &mut st.staging.buf[..bs]);
         // Swap the sealed buffer out for the spare one; staging starts empty.
         let fresh = spare.take().expect("spare record buffer present while not poisoned");
-        let buf = Arc::new(std::mem::replace(&mut st.staging.buf, fresh));
-        let data = std::mem::take(&mut st.staging.data);
-        let map = std::mem::take(&mut st.staging.map);
+        let buf = Arc::new(std::mem::replace(&mut st.staging.buf, fresh)); // The containers swap with the previous record's (recycled, so no allocation here).
+        let (spare_data, spare_map) = (std::mem::take(&mut st.spare_data), std::mem::take(&mut st.spare_map));
+        let data = std::mem::replace(&mut st.staging.data, spare_data);
+        let map = std::mem::replace(&mut st.staging.map, spare_map);
         st.staging.meta.clear();
         st.staging.first_staged_ns = None;
-        st.inflight = Some(Inflight { buf: Arc::clone(&buf), map });
+        st.inflight = Some(Inflight { buf: Arc::clone(&buf), data, map });
         st.tail = pos + blocks;
         st.next_seq += 1;
         st.sealed += 1;
@@ -573,8 +581,8 @@ impl Volume {
             return Err(e);
         }
         st.written_tail = pos + blocks;
-        let inflight = st.inflight.take().expect("inflight record");
-        for (k, &(block, kind, crc)) in data.iter().enumerate() {
+        let mut inflight = st.inflight.take().expect("inflight record");
+        for (k, &(block, kind, crc)) in inflight.data.iter().enumerate() {
             if inflight.map.get(&block) == Some(&k) {
                 let slot = self.layout.slot(pos + 1 + k as u64);
                 st.index
@@ -582,6 +590,10 @@ impl Volume {
             }
         }
         st.counters.records_written += 1;
+        inflight.data.clear();
+        inflight.map.clear();
+        st.spare_data = std::mem::take(&mut inflight.data);
+        st.spare_map = std::mem::take(&mut inflight.map);
         drop(inflight);
         *spare = Some(Arc::try_unwrap(buf).expect("no other owner of a written record buffer"));
         let due = st.tail - st.checkpoint_position > log_blocks * self.options.checkpoint_interval_permille / 1000;
@@ -609,20 +621,13 @@ impl Volume {
         }
         assert!(target <= checkpoint, "checkpoint at {checkpoint} behind reclaim target {target}");
 
-        // Walk the records in [head, target): every data block still named by the index is live.
-        let mut live: Vec<(u64, IndexEntry)> = Vec::new();
-        let new_head = self.walk_records(head, target, |pos, header| {
+        // Every slot in [head, target) still named by the index holds a live block (the index's
+        // reverse map: no I/O).
+        let new_head = target;
+        let live: Vec<(u64, IndexEntry)> = {
             let st = self.lock();
-            for (k, e) in header.entries.iter().filter(|e| e.kind.has_data()).enumerate() {
-                let slot = self.layout.slot(pos + 1 + k as u64);
-                if let Some(ie) = st.index.get(e.backing_block) {
-                    if ie.slot == slot {
-                        live.push((e.backing_block, ie));
-                    }
-                }
-            }
-        })?;
-        assert!(new_head <= checkpoint);
+            (head..new_head).filter_map(|pos| st.index.owner(self.layout.slot(pos))).collect()
+        };
         let dirty: Vec<(u64, IndexEntry)> = live.iter().filter(|(_, e)| e.dirty).copied().collect();
         if !dirty.is_empty() {
             self.destage_blocks(dirty)?;
@@ -935,55 +940,36 @@ impl Volume {
 
     // ---------------------------------------------------------------- discard
 
-    /// Forgets cached copies of a range (NBD TRIM, FUSE punch-hole). The range's content is
-    /// unspecified afterwards (old data); nothing is passed to the backing device.
+    /// A hint that a range is unused (NBD TRIM, FUSE punch-hole): drops its clean cached
+    /// copies to make room. Dirty blocks stay and are written back as usual, so a read after a
+    /// TRIM returns the last data written, never a half-written block of the backing device
+    /// (which a write-back interrupted by a crash may have left torn, while the cache held
+    /// the good copy). Dropping a clean copy needs no log record: if a crash resurrects it,
+    /// it equals the backing device's copy.
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_request(offset, len)?;
         let bs = self.bs as u64;
         let (first, end) = (offset / bs, (offset + len) / bs);
-        let st = self.lock();
-        st.check_poisoned()?;
-        let mut blocks: Vec<u64> = if end - first > st.index.len() as u64 {
-            st.index.iter().map(|(b, _)| b).filter(|b| (first..end).contains(b)).collect()
-        } else {
-            (first..end).filter(|&b| st.index.get(b).is_some()).collect()
-        };
-        blocks.extend(st.staging.map.keys().copied().filter(|b| (first..end).contains(b)));
-        if let Some(f) = &st.inflight {
-            blocks.extend(f.map.keys().copied().filter(|b| (first..end).contains(b)));
-        }
-        blocks.sort_unstable();
-        blocks.dedup();
-        drop(st);
-        // Each TRIM goes into the staging record itself (not the MarkClean queue), so that it
-        // precedes any data of the same block staged after it.
-        for b in blocks {
-            loop {
-                let mut st = self.lock();
-                st.check_poisoned()?;
-                if st.staging.entries() < st.staging.limit {
-                    st.cancel_fill(b);
-                    st.staging.remove(b, self.bs);
-                    if let Some(f) = st.inflight.as_mut() {
-                        f.map.remove(&b);
-                    }
-                    st.index.remove(b);
-                    st.lost.remove(&b);
-                    st.staging.meta.push(RecordEntry {
-                        kind: EntryKind::Trim,
-                        backing_block: b,
-                        data_crc: 0,
-                        ref_position: 0,
-                    });
-                    break;
-                }
-                drop(st);
-                self.commit()?;
-            }
-        }
         let mut st = self.lock();
-        for b in first..end.min(first + 1_000_000) {
-            st.cancel_fill(b);
+        st.check_poisoned()?;
+        let clean: Vec<u64> = if end - first > st.index.len() as u64 {
+            st.index.iter().filter(|(b, e)| !e.dirty && (first..end).contains(b)).map(|(b, _)| b).collect()
+        } else {
+            (first..end).filter(|&b| st.index.get(b).is_some_and(|e| !e.dirty)).collect()
+        };
+        for b in clean {
+            st.index.remove(b);
+            st.counters.evicted_blocks += 1;
+        }
+        let staged_clean: Vec<u64> = st
+            .staging
+            .data
+            .iter()
+            .filter(|(b, kind, _)| *kind == EntryKind::DataClean && (first..end).contains(b))
+            .map(|(b, _, _)| *b)
+            .collect();
+        for b in staged_clean {
+            st.staging.remove(b, self.bs);
         }
         Ok(())
     }
@@ -1016,29 +1002,26 @@ impl Volume {
     /// Incremental: each record header is read once. Returns how many blocks were written back.
     pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
         let _cursor = self.destage.lock().expect("destage lock");
-        let (from, until) = {
+        let (batch, until) = {
             let st = self.lock();
             st.check_poisoned()?;
             let window_end = st.head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks);
-            (st.precleaned_until.max(st.head), window_end.min(st.written_tail))
-        };
-        let mut batch = Vec::new();
-        let mut pos = from;
-        while pos < until && batch.len() < max_blocks {
-            pos = self.walk_records(pos, pos + 1, |p, header| {
-                let st = self.lock();
-                for (k, e) in header.entries.iter().filter(|e| e.kind.has_data()).enumerate() {
-                    if let Some(ie) = st.index.get(e.backing_block) {
-                        if ie.dirty && ie.slot == self.layout.slot(p + 1 + k as u64) {
-                            batch.push((e.backing_block, ie));
-                        }
+            let (from, until) = (st.precleaned_until.max(st.head), window_end.min(st.written_tail));
+            let mut batch = Vec::new();
+            let mut pos = from;
+            while pos < until && batch.len() < max_blocks {
+                if let Some((block, e)) = st.index.owner(self.layout.slot(pos)) {
+                    if e.dirty {
+                        batch.push((block, e));
                     }
                 }
-            })?;
-        }
+                pos += 1;
+            }
+            (batch, pos)
+        };
         let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
         let mut st = self.lock();
-        st.precleaned_until = st.precleaned_until.max(pos);
+        st.precleaned_until = st.precleaned_until.max(until);
         Ok(written)
     }
 
@@ -1304,10 +1287,11 @@ impl Volume {
         }
     }
 
-    /// The live log window `(head, tail)`.
-    pub fn log_window(&self) -> (u64, u64) {
+    /// The log window: `(head, checkpoint position, tail)`. Records from the checkpoint
+    /// position on are what recovery replays.
+    pub fn log_window(&self) -> (u64, u64, u64) {
         let st = self.lock();
-        (st.head, st.tail)
+        (st.head, st.checkpoint_position, st.tail)
     }
 
     /// Walks the record headers in `[from, until)` (for `check`); returns where it stopped.

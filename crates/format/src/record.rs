@@ -12,7 +12,9 @@ use zerocopy::{FromBytes, Immutable, IntoBytes, KnownLayout, Unaligned};
 #[derive(Debug, Clone, FromBytes, IntoBytes, KnownLayout, Immutable, Unaligned)]
 #[repr(C)]
 pub struct RecordHeaderDisk {
-    /// CRC-32C of the header block's bytes [4, block_size), entries and zero tail included.
+    /// CRC-32C of bytes [4, 64 + 24 * entry_count): the fixed part and the entries. The rest
+    /// of the block must be zero (checked on decode, not summed: a FLUSH pays for one record
+    /// header, so the checksum covers only what carries meaning).
     pub checksum: U32,
     /// Entries following this fixed part.
     pub entry_count: U16,
@@ -148,7 +150,8 @@ impl RecordHeader {
             let at = RECORD_HEADER_SIZE + i * RECORD_ENTRY_SIZE;
             block[at..at + RECORD_ENTRY_SIZE].copy_from_slice(d.as_bytes());
         }
-        let crc = crate::checksum(&block[4..]);
+        let used = RECORD_HEADER_SIZE + self.entries.len() * RECORD_ENTRY_SIZE;
+        let crc = crate::checksum(&block[4..used]);
         block[..4].copy_from_slice(&crc.to_le_bytes());
         crc
     }
@@ -168,7 +171,13 @@ impl RecordHeader {
         if fixed.magic.get() != RECORD_MAGIC ^ uuid_low {
             return Err(FormatError::BadMagic { what: WHAT, found: fixed.magic.get() });
         }
-        let computed = crate::checksum(&block[4..]);
+        let invalid = |field, why: String| FormatError::Invalid { what: WHAT, field, why };
+        let count = usize::from(fixed.entry_count.get());
+        if count > MAX_RECORD_ENTRIES {
+            return Err(invalid("entry_count", format!("{count} > {MAX_RECORD_ENTRIES}")));
+        }
+        let used = RECORD_HEADER_SIZE + count * RECORD_ENTRY_SIZE;
+        let computed = crate::checksum(&block[4..used]);
         if computed != fixed.checksum.get() {
             return Err(FormatError::BadChecksum { what: WHAT, stored: fixed.checksum.get(), computed });
         }
@@ -179,10 +188,8 @@ impl RecordHeader {
                 supported: FORMAT_VERSION,
             });
         }
-        let invalid = |field, why: String| FormatError::Invalid { what: WHAT, field, why };
-        let count = usize::from(fixed.entry_count.get());
-        if count > MAX_RECORD_ENTRIES {
-            return Err(invalid("entry_count", format!("{count} > {MAX_RECORD_ENTRIES}")));
+        if block[used..].iter().any(|&b| b != 0) {
+            return Err(invalid("tail", "bytes after the last entry are not zero".into()));
         }
         let mut entries = Vec::with_capacity(count);
         for i in 0..count {
