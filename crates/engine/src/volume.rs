@@ -134,6 +134,7 @@ impl Staging {
     }
 
     /// Stages a block (replacing a staged copy in place). False if there is no room.
+
     fn put(&mut self, block: u64, kind: EntryKind, data: &[u8], crc: u32, now_ns: u64) -> bool {
         let bs = data.len();
         let i = match self.map.get(&block) {
@@ -163,6 +164,7 @@ impl Staging {
     }
 
     /// Drops a staged block (TRIM), moving the last data block into its place.
+
     fn remove(&mut self, block: u64, bs: usize) -> bool {
         let Some(i) = self.map.remove(&block) else { return false };
         let last = self.data.len() - 1;
@@ -174,6 +176,13 @@ impl Staging {
         self.data.pop();
         true
     }
+}
+
+/// The log writer's buffers, owned by its lock: the next staging buffer, and the buffer in
+/// which reclaim assembles the record of blocks it copies forward.
+struct IoBuffers {
+    spare: Option<AlignedBuf>,
+    copy: AlignedBuf,
 }
 
 /// A sealed record whose write is in progress (or failed): reads are served from it.
@@ -200,6 +209,8 @@ pub struct Counters {
     pub destaged_blocks: u64,
     pub backing_flushes: u64,
     pub reclaimed_blocks: u64,
+    /// Live dirty blocks that reclaim moved to the tail instead of writing them back.
+    pub copied_forward_blocks: u64,
     pub evicted_blocks: u64,
     pub checkpoints: u64,
     pub repaired_blocks: u64,
@@ -281,8 +292,10 @@ pub struct Volume {
     bs: usize,
     backing_blocks: u64,
     options: VolumeOptions,
-    /// The log writer's lock; holds the spare record buffer.
-    io: Mutex<Option<AlignedBuf>>,
+    /// The log writer's lock; holds its buffers.
+    io: Mutex<IoBuffers>,
+    /// Most entries in a record (see `Staging::limit`).
+    staging_limit: usize,
     /// The destager's lock; holds the elevator cursor.
     destage: Mutex<u64>,
     state: Mutex<State>,
@@ -318,6 +331,9 @@ impl Volume {
         let layout = r.superblock.layout;
         let bs = layout.block_size as usize;
         assert!(layout.log_blocks <= tiercache_format::constants::MAX_LOG_BLOCKS);
+        // A record, plus reclaim's reserve, must fit in a small part of the log.
+
+        let staging_limit = RECORD_ENTRIES.min((layout.log_blocks / 8) as usize).max(2);
         Volume {
             cache,
             backing,
@@ -327,11 +343,15 @@ impl Volume {
             bs,
             backing_blocks: r.superblock.backing_size_bytes / bs as u64,
             options,
-            io: Mutex::new(Some(AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize))),
+            io: Mutex::new(IoBuffers {
+                spare: Some(AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize)),
+                copy: AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize),
+            }),
+            staging_limit,
             destage: Mutex::new(0),
             state: Mutex::new(State {
                 index: r.index,
-                staging: Staging::new(bs, RECORD_ENTRIES.min((layout.log_blocks / 4) as usize)),
+                staging: Staging::new(bs, staging_limit),
                 inflight: None,
                 head: r.head,
                 tail: r.tail,
@@ -365,11 +385,13 @@ impl Volume {
     }
 
     /// The volume's size: the backing device's.
+
     pub fn size_bytes(&self) -> u64 {
         self.backing_blocks * self.bs as u64
     }
 
     /// The volume's block size (requests must be aligned to it).
+
     pub fn block_size(&self) -> u32 {
         self.layout.block_size
     }
@@ -392,6 +414,7 @@ impl Volume {
     // ---------------------------------------------------------------- log I/O helpers
 
     /// Writes whole blocks at a logical log position, splitting at the physical end.
+
     fn write_log(&self, pos: u64, buf: &[u8]) -> std::result::Result<(), tiercache_device::DeviceError> {
         let blocks = (buf.len() / self.bs) as u64;
         let first = (self.layout.log_blocks - pos % self.layout.log_blocks).min(blocks) as usize * self.bs;
@@ -410,6 +433,7 @@ impl Volume {
     // ---------------------------------------------------------------- write path
 
     /// Writes whole blocks. Complete on return; durable after the next `flush`.
+
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_request(offset, data.len() as u64)?;
         self.backpressure();
@@ -436,12 +460,14 @@ impl Volume {
     }
 
     /// A write that is durable on return (Force Unit Access): a write, then a flush.
+
     pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write(offset, data)?;
         self.flush()
     }
 
     /// Writes zeroes over a range (NBD WRITE_ZEROES): ordinary writes of zero blocks.
+
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check_request(offset, len)?;
         let chunk = (RECORD_ENTRIES * self.bs) as u64;
@@ -457,6 +483,7 @@ impl Volume {
 
     /// Makes every write completed before this call durable. Concurrent callers share one
     /// record write and one cache-device flush (group commit).
+
     pub fn flush(&self) -> Result<()> {
         let target = {
             let mut st = self.lock();
@@ -478,6 +505,7 @@ impl Volume {
 
     /// Flushes the cache device; afterwards every record written so far is durable.
     /// Called with the io lock held.
+
     fn flush_cache(&self, skip: bool) -> Result<()> {
         let upto = self.lock().sealed;
         if !skip {
@@ -497,14 +525,15 @@ impl Volume {
     }
 
     /// Seals and writes whatever is staged (no flush).
+
     fn commit(&self) -> Result<()> {
         let mut io = self.io.lock().expect("io lock");
         self.write_out(&mut io)
     }
 
     /// Seals the staging buffer into a record and writes it at the tail, reclaiming space
-    /// first if needed. Called with the io lock held (`spare` is the lock's content).
-    fn write_out(&self, spare: &mut Option<AlignedBuf>) -> Result<()> {
+    /// first if needed. Called with the io lock held (`io` is the lock's content).
+    fn write_out(&self, io: &mut IoBuffers) -> Result<()> {
         let bs = self.bs;
         let log_blocks = self.layout.log_blocks;
         let mut st = loop {
@@ -520,11 +549,12 @@ impl Volume {
                 return Ok(());
             }
             let blocks = 1 + st.staging.data.len() as u64;
-            if st.tail + blocks < st.head + log_blocks {
+            let need = blocks + self.reclaim_reserve();
+            if st.tail + need <= st.head + log_blocks {
                 break st;
             }
             drop(st);
-            self.reclaim(blocks + 1)?;
+            self.reclaim(io, need)?;
         };
         let blocks = 1 + st.staging.data.len() as u64;
         let pos = st.tail;
@@ -550,8 +580,9 @@ impl Volume {
         };
         let crc = header.encode(self.uuid_low, &mut st.staging.buf[..bs]);
         // Swap the sealed buffer out for the spare one; staging starts empty.
-        let fresh = spare.take().expect("spare record buffer present while not poisoned");
+        let fresh = io.spare.take().expect("spare record buffer present while not poisoned");
         let buf = Arc::new(std::mem::replace(&mut st.staging.buf, fresh)); // The containers swap with the previous record's (recycled, so no allocation here).
+
         let (spare_data, spare_map) = (std::mem::take(&mut st.spare_data), std::mem::take(&mut st.spare_map));
         let data = std::mem::replace(&mut st.staging.data, spare_data);
         let map = std::mem::replace(&mut st.staging.map, spare_map);
@@ -569,13 +600,14 @@ impl Volume {
             }
             st.age_samples.push_back((pos, now));
         }
-        debug_assert!(st.tail < st.head + log_blocks, "one block stays free for the reclaim marker");
+        debug_assert!(st.tail + self.reclaim_reserve() <= st.head + log_blocks, "the reclaim reserve stays free");
         drop(st);
 
         let result = self.write_log(pos, &buf[..blocks as usize * bs]);
         let mut st = self.lock();
         if let Err(e) = result {
             // The record stays in `inflight`: reads keep seeing its data; nothing more is written.
+
             let e = EngineError::cache(e);
             st.poison(format!("writing a log record failed: {e}"));
             return Err(e);
@@ -595,7 +627,7 @@ impl Volume {
         st.spare_data = std::mem::take(&mut inflight.data);
         st.spare_map = std::mem::take(&mut inflight.map);
         drop(inflight);
-        *spare = Some(Arc::try_unwrap(buf).expect("no other owner of a written record buffer"));
+        io.spare = Some(Arc::try_unwrap(buf).expect("no other owner of a written record buffer"));
         let due = st.tail - st.checkpoint_position > log_blocks * self.options.checkpoint_interval_permille / 1000;
         drop(st);
         if due {
@@ -605,13 +637,15 @@ impl Volume {
     }
 
     /// Frees at least `need` blocks at the head of the log (io lock held).
-    fn reclaim(&self, need: u64) -> Result<()> {
-        let _destage = self.destage.lock().expect("destage lock");
+
+    fn reclaim(&self, io: &mut IoBuffers, need: u64) -> Result<()> {
+        let bs = self.bs;
         let (head, tail, mut checkpoint) = {
             let st = self.lock();
             (st.head, st.tail, st.checkpoint_position)
         };
         let free = head + self.layout.log_blocks - tail;
+        assert!(free >= self.reclaim_reserve(), "the writer keeps {} blocks free for reclaim", self.reclaim_reserve());
         let want = u64::from(self.layout.segment_blocks).max(need.saturating_sub(free));
         let target = (head + want).min(tail);
         if target > checkpoint {
@@ -623,39 +657,76 @@ impl Volume {
 
         // Every slot in [head, target) still named by the index holds a live block (the index's
         // reverse map: no I/O).
+
         let new_head = target;
         let live: Vec<(u64, IndexEntry)> = {
             let st = self.lock();
             (head..new_head).filter_map(|pos| st.index.owner(self.layout.slot(pos))).collect()
         };
-        let dirty: Vec<(u64, IndexEntry)> = live.iter().filter(|(_, e)| e.dirty).copied().collect();
-        if !dirty.is_empty() {
-            self.destage_blocks(dirty)?;
+        let mut dirty: Vec<(u64, IndexEntry)> = live.iter().filter(|(_, e)| e.dirty).copied().collect();
+        if dirty.len() > self.copy_forward_max() {
+            // Mostly dirty: the cache is full of data not yet written back. Write it back now;
+            // this is the backpressure a writer feels when the destager has fallen behind.
+
+            let _destage = self.destage.lock().expect("destage lock");
+            self.destage_blocks(dirty.clone())?;
+            dirty.clear();
         }
-        {
+        // Copy the live dirty blocks forward (cache bandwidth only; the backing device is not
+        // touched): read and verify them into the copy record's buffer.
+
+        let mut copies: Vec<(u64, IndexEntry)> = Vec::with_capacity(dirty.len());
+        for (block, e) in dirty {
+            let k = copies.len();
+            let out = &mut io.copy[(1 + k) * bs..(2 + k) * bs];
+            if let Err(err) = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), out) {
+                let err = EngineError::cache(err);
+                self.lock().poison(format!("reading a block to copy forward failed: {err}"));
+                return Err(err);
+            }
+            if checksum(out) == e.crc {
+                copies.push((block, e));
+            } else {
+                let mut st = self.lock();
+                if st.index.remove_if_slot(block, e.slot).is_some() {
+                    st.lost.insert(block);
+                    tracing::error!(block, "dirty block failed its checksum on the cache device: lost");
+                }
+            }
+        }
+        let copied: HashSet<u64> = copies.iter().map(|(b, _)| *b).collect();
+        // The copy record also carries the new head: made durable before any of the reclaimed
+        // space is overwritten. It lands in the reserve the writer keeps free.
+
+        let (pos, blocks) = {
             let mut st = self.lock();
             for (block, e) in &live {
+                if copied.contains(block) {
+                    continue;
+                }
                 if let Some(old) = st.index.remove_if_slot(*block, e.slot) {
                     assert!(!old.dirty, "block {block} still dirty at reclaim");
                     st.counters.evicted_blocks += 1;
                 }
             }
             st.counters.reclaimed_blocks += new_head - head;
-        }
-        // The marker: a header-only record carrying the new head, made durable before any
-        // of the reclaimed space is overwritten. It lands in the block kept free for it.
-        let mut marker = AlignedBuf::new(self.bs);
-        let pos = {
-            let mut st = self.lock();
-            let mut entries = Vec::new();
-            while entries.len() < RECORD_ENTRIES {
+            st.counters.copied_forward_blocks += copies.len() as u64;
+            let mut entries = Vec::with_capacity(RECORD_ENTRIES);
+            while entries.len() + copies.len() < RECORD_ENTRIES {
                 match st.pending_meta.pop_front() {
                     Some(m) => entries.push(m),
                     None => break,
                 }
             }
+            entries.extend(copies.iter().map(|(b, e)| RecordEntry {
+                kind: EntryKind::DataDirty,
+                backing_block: *b,
+                data_crc: e.crc,
+                ref_position: 0,
+            }));
             let pos = st.tail;
-            assert!(pos < head + self.layout.log_blocks, "no free block for the reclaim marker");
+            let blocks = 1 + copies.len() as u64;
+            assert!(pos + blocks <= head + self.layout.log_blocks, "the copy record fits in the reserve");
             let header = RecordHeader {
                 sequence: st.next_seq,
                 position: pos,
@@ -663,24 +734,51 @@ impl Volume {
                 prev_checksum: st.last_header_crc,
                 entries,
             };
-            st.last_header_crc = header.encode(self.uuid_low, &mut marker);
-            st.tail += 1;
+            st.last_header_crc = header.encode(self.uuid_low, &mut io.copy[..bs]);
+            st.tail += blocks;
             st.next_seq += 1;
-            pos
+            (pos, blocks)
         };
-        if let Err(e) = self.write_log(pos, &marker) {
+        if let Err(e) = self.write_log(pos, &io.copy[..blocks as usize * bs]) {
             let e = EngineError::cache(e);
-            self.lock().poison(format!("writing a reclaim marker failed: {e}"));
+            self.lock().poison(format!("writing a reclaim record failed: {e}"));
             return Err(e);
         }
-        self.lock().written_tail = pos + 1;
+        self.lock().written_tail = pos + blocks;
         self.flush_cache(self.options.sabotage == Sabotage::ReclaimSkipsMarkerFlush)?;
-        self.lock().head = new_head;
+        let mut st = self.lock();
+        st.head = new_head;
+        for (k, (block, e)) in copies.iter().enumerate() {
+            if let Some(current) = st.index.get(*block) {
+                if current.slot == e.slot {
+                    let slot = self.layout.slot(pos + 1 + k as u64);
+                    st.index.insert(
+                        *block,
+                        IndexEntry { slot, dirty: current.dirty, referenced: current.referenced, crc: e.crc },
+                    );
+                }
+            }
+        }
         Ok(())
+    }
+
+    /// The most live dirty blocks a reclaim copies forward instead of writing them back: half
+    /// a segment (more means the cache is mostly dirty, and writing back is the right cost),
+    /// and no more than a record holds.
+
+    fn copy_forward_max(&self) -> usize {
+        (self.layout.segment_blocks as usize / 2).min(self.staging_limit)
+    }
+
+    /// Blocks the writer keeps free at the tail for reclaim's copy record.
+
+    fn reclaim_reserve(&self) -> u64 {
+        1 + self.copy_forward_max() as u64
     }
 
     /// Reads record headers from `from` (a record boundary) until reaching `until`; calls
     /// `visit` for each; returns the first boundary at or after `until`.
+
     fn walk_records(&self, from: u64, until: u64, mut visit: impl FnMut(u64, &RecordHeader)) -> Result<u64> {
         let mut pos = from;
         let mut block = AlignedBuf::new(self.bs);
@@ -755,6 +853,7 @@ impl Volume {
     }
 
     /// Writes a checkpoint now (after writing out what is staged).
+
     pub fn checkpoint(&self) -> Result<()> {
         let mut io = self.io.lock().expect("io lock");
         self.write_out(&mut io)?;
@@ -764,6 +863,7 @@ impl Volume {
     // ---------------------------------------------------------------- read path
 
     /// Reads whole blocks: the newest completed write of each.
+
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_request(offset, buf.len() as u64)?;
         let bs = self.bs;
@@ -771,6 +871,7 @@ impl Volume {
         let nblocks = buf.len() / bs;
         let admit = buf.len() as u64 <= self.options.admit_max_request_bytes;
         // Plan under the lock: copy what is in RAM, note where the rest lives.
+
         let mut plan: Vec<Source> = Vec::with_capacity(nblocks);
         {
             let mut st = self.lock();
@@ -804,6 +905,7 @@ impl Volume {
             }
         }
         // Backing reads, merged into runs of consecutive blocks.
+
         let mut backing_result = Ok(());
         let mut i = 0;
         while i < nblocks {
@@ -821,6 +923,7 @@ impl Volume {
             }
         }
         // Cache reads: each block verified, then confirmed still current under the lock.
+
         let mut retry: Vec<usize> = Vec::new();
         for (i, src) in plan.iter().enumerate() {
             if let Source::Cache(e) = src {
@@ -871,6 +974,7 @@ impl Volume {
     }
 
     /// The slow path for one block whose cached copy moved or failed its checksum.
+
     fn read_block_again(&self, block: u64, out: &mut [u8]) -> Result<()> {
         let bs = self.bs;
         loop {
@@ -926,6 +1030,7 @@ impl Volume {
     }
 
     /// Readers that filled staging with clean blocks write it out, so admission continues.
+
     fn commit_if_staging_full(&self) {
         let full = {
             let st = self.lock();
@@ -946,6 +1051,7 @@ impl Volume {
     /// (which a write-back interrupted by a crash may have left torn, while the cache held
     /// the good copy). Dropping a clean copy needs no log record: if a crash resurrects it,
     /// it equals the backing device's copy.
+
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_request(offset, len)?;
         let bs = self.bs as u64;
@@ -978,6 +1084,7 @@ impl Volume {
 
     /// Writes back one batch of dirty blocks in backing-address order, continuing from where
     /// the last batch stopped (an elevator). Returns how many blocks were written back.
+
     pub fn destage_step(&self, max_blocks: usize) -> Result<usize> {
         let mut cursor = self.destage.lock().expect("destage lock");
         let mut dirty: Vec<(u64, IndexEntry)> = {
@@ -1000,6 +1107,7 @@ impl Volume {
     /// Writes back the dirty blocks in the next reclaim window (the few segments after the
     /// head), so that reclaim finds them clean and writes never wait for the backing device.
     /// Incremental: each record header is read once. Returns how many blocks were written back.
+
     pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
         let _cursor = self.destage.lock().expect("destage lock");
         let (batch, until) = {
@@ -1028,6 +1136,7 @@ impl Volume {
     /// Writes `blocks` back to the backing device (destage lock held): read from the cache
     /// and verify; write in address order, merging neighbours; flush the backing device; only
     /// then mark clean and queue MarkClean entries.
+
     fn destage_blocks(&self, mut blocks: Vec<(u64, IndexEntry)>) -> Result<usize> {
         let bs = self.bs;
         blocks.sort_unstable_by_key(|(b, _)| *b);
@@ -1041,6 +1150,7 @@ impl Volume {
             }
         }
         // Keep only blocks whose entry is unchanged and whose data verifies.
+
         let mut keep = vec![false; blocks.len()];
         {
             let mut st = self.lock();
@@ -1079,6 +1189,7 @@ impl Volume {
         if let Some(fp) = new_fingerprint {
             // Phase 1: an attach during or after the write accepts the new content too.
             // (Only the destager writes the superblock, under the destage lock.)
+
             let mut sb = self.superblock();
             sb.backing_fingerprint_next = Some(fp);
             self.write_superblock(sb)?;
@@ -1107,6 +1218,7 @@ impl Volume {
         }
         if let Some(fp) = new_fingerprint {
             // Phase 3 (RAM only: the next superblock write carries it).
+
             let mut sb = self.superblock.lock().expect("superblock lock");
             sb.backing_fingerprint = fp;
             sb.backing_fingerprint_next = None;
@@ -1130,6 +1242,7 @@ impl Volume {
 
     /// Writes the next superblock copy and flushes the cache device, then makes it current.
     /// Holds no lock across the I/O.
+
     fn write_superblock(&self, mut sb: Superblock) -> Result<()> {
         sb.sequence += 1;
         let mut block = AlignedBuf::new(self.bs);
@@ -1147,6 +1260,7 @@ impl Volume {
 
     /// Writes back every dirty block, then makes the cache's record of it durable: afterwards
     /// the backing device alone holds all data. `progress(done, remaining)` is called per batch.
+
     pub fn flush_all(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
         self.flush()?;
         let mut done = 0u64;
@@ -1178,6 +1292,7 @@ impl Volume {
 
     /// One round of background work: write out old staged data, destage between the
     /// watermarks, pre-clean the head when free space runs low.
+
     pub fn background_tick(&self) -> Result<()> {
         let (low, high) = (self.dirty_low_blocks, self.dirty_high_blocks);
         let (stale, dirty) = {
@@ -1203,9 +1318,12 @@ impl Volume {
             st.destaging
         };
         if active {
-            self.destage_step(DESTAGE_BATCH_BLOCKS)?;
+            // The oldest dirty blocks first (they are what reclaim would otherwise copy
+            // forward again), then the elevator through the rest.
+            if self.destage_oldest(DESTAGE_BATCH_BLOCKS)? == 0 {
+                self.destage_step(DESTAGE_BATCH_BLOCKS)?;
+            }
         }
-        self.destage_oldest(DESTAGE_BATCH_BLOCKS)?;
         Ok(())
     }
 
@@ -1216,6 +1334,7 @@ impl Volume {
 
     /// Above the high watermark, writes wait in proportion to how close the log is to full of
     /// dirty data, so the destager catches up smoothly instead of writes stalling at the end.
+
     fn backpressure(&self) {
         if !self.background.load(Ordering::Relaxed) {
             return;
@@ -1235,6 +1354,7 @@ impl Volume {
     }
 
     /// Makes everything durable and writes a checkpoint, so the next open replays nothing.
+
     pub fn shutdown(&self) -> Result<()> {
         self.flush()?;
         self.checkpoint()
@@ -1289,6 +1409,7 @@ impl Volume {
 
     /// The log window: `(head, checkpoint position, tail)`. Records from the checkpoint
     /// position on are what recovery replays.
+
     pub fn log_window(&self) -> (u64, u64, u64) {
         let st = self.lock();
         (st.head, st.checkpoint_position, st.tail)
@@ -1300,6 +1421,7 @@ impl Volume {
     }
 
     /// Every (backing block, entry) in the index (for `check` and tests).
+
     pub fn index_snapshot(&self) -> Vec<(u64, IndexEntry)> {
         self.lock().index.iter().collect()
     }

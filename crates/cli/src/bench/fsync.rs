@@ -198,8 +198,20 @@ pub fn run(args: FsyncArgs) -> Result<()> {
     Ok(())
 }
 
-fn temp_file(len: u64) -> Result<tempfile::NamedTempFile> {
-    let file = tempfile::NamedTempFile::new().context("creating a temporary file for an emulated device")?;
+/// Where emulated devices keep their data: memory (/dev/shm) when available, so that the
+/// host's page-cache writeback and file-system block allocation (which the emulated device
+/// does not have) never leak into the measured timing.
+fn emulation_dir() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    match std::fs::metadata(&shm) {
+        Ok(m) if m.is_dir() && tempfile::tempfile_in(&shm).is_ok() => shm,
+        _ => std::env::temp_dir(),
+    }
+}
+
+pub(crate) fn temp_file(len: u64) -> Result<tempfile::NamedTempFile> {
+    let file =
+        tempfile::NamedTempFile::new_in(emulation_dir()).context("creating a temporary file for an emulated device")?;
     file.as_file().set_len(len).context("sizing the temporary file")?;
     Ok(file)
 }
@@ -208,9 +220,10 @@ fn temp_file(len: u64) -> Result<tempfile::NamedTempFile> {
 /// otherwise the first write to each page of a sparse file pays the host's page-cache and
 /// block allocation, which the emulated device does not have and the raw-device runs (which
 /// rewrite one block) never pay.
-fn preconditioned_temp_file(len: u64) -> Result<tempfile::NamedTempFile> {
+pub(crate) fn preconditioned_temp_file(len: u64) -> Result<tempfile::NamedTempFile> {
     use std::io::Write;
-    let mut file = tempfile::NamedTempFile::new().context("creating a temporary file for an emulated device")?;
+    let mut file =
+        tempfile::NamedTempFile::new_in(emulation_dir()).context("creating a temporary file for an emulated device")?;
     let chunk = vec![0u8; 1 << 20];
     let mut left = len;
     while left > 0 {
@@ -344,7 +357,7 @@ fn measure(
     })
 }
 
-fn progress_bar(name: &str, duration: Duration, quiet: bool) -> ProgressBar {
+pub(crate) fn progress_bar(name: &str, duration: Duration, quiet: bool) -> ProgressBar {
     let pb = ProgressBar::new(duration.as_millis() as u64);
     if quiet {
         pb.set_draw_target(ProgressDrawTarget::hidden());

@@ -2,6 +2,7 @@
 //! measures its targets side by side in one run, so ratios stay meaningful on a noisy machine.
 
 mod fsync;
+mod randwrite;
 
 use clap::Subcommand;
 
@@ -26,10 +27,14 @@ Examples:
 
 Emulated profiles: optane, nvme, sata-raid5, hdd, usb-disk (see docs/devices.md).")]
     Fsync(fsync::FsyncArgs),
+    /// Write-back throughput: random 4 KiB writes with a flush every N, raw cache device vs
+    /// the hybrid volume in the same run.
+    Randwrite(randwrite::RandwriteArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Fsync(args) => fsync::run(args),
+        BenchCommand::Randwrite(args) => randwrite::run(args),
     }
 }
