@@ -134,7 +134,6 @@ impl Staging {
     }
 
     /// Stages a block (replacing a staged copy in place). False if there is no room.
-
     fn put(&mut self, block: u64, kind: EntryKind, data: &[u8], crc: u32, now_ns: u64) -> bool {
         let bs = data.len();
         let i = match self.map.get(&block) {
@@ -164,7 +163,6 @@ impl Staging {
     }
 
     /// Drops a staged block (TRIM), moving the last data block into its place.
-
     fn remove(&mut self, block: u64, bs: usize) -> bool {
         let Some(i) = self.map.remove(&block) else { return false };
         let last = self.data.len() - 1;
@@ -385,13 +383,11 @@ impl Volume {
     }
 
     /// The volume's size: the backing device's.
-
     pub fn size_bytes(&self) -> u64 {
         self.backing_blocks * self.bs as u64
     }
 
     /// The volume's block size (requests must be aligned to it).
-
     pub fn block_size(&self) -> u32 {
         self.layout.block_size
     }
@@ -414,7 +410,6 @@ impl Volume {
     // ---------------------------------------------------------------- log I/O helpers
 
     /// Writes whole blocks at a logical log position, splitting at the physical end.
-
     fn write_log(&self, pos: u64, buf: &[u8]) -> std::result::Result<(), tiercache_device::DeviceError> {
         let blocks = (buf.len() / self.bs) as u64;
         let first = (self.layout.log_blocks - pos % self.layout.log_blocks).min(blocks) as usize * self.bs;
@@ -433,7 +428,6 @@ impl Volume {
     // ---------------------------------------------------------------- write path
 
     /// Writes whole blocks. Complete on return; durable after the next `flush`.
-
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_request(offset, data.len() as u64)?;
         self.backpressure();
@@ -460,14 +454,12 @@ impl Volume {
     }
 
     /// A write that is durable on return (Force Unit Access): a write, then a flush.
-
     pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write(offset, data)?;
         self.flush()
     }
 
     /// Writes zeroes over a range (NBD WRITE_ZEROES): ordinary writes of zero blocks.
-
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         self.check_request(offset, len)?;
         let chunk = (RECORD_ENTRIES * self.bs) as u64;
@@ -483,7 +475,6 @@ impl Volume {
 
     /// Makes every write completed before this call durable. Concurrent callers share one
     /// record write and one cache-device flush (group commit).
-
     pub fn flush(&self) -> Result<()> {
         let target = {
             let mut st = self.lock();
@@ -505,7 +496,6 @@ impl Volume {
 
     /// Flushes the cache device; afterwards every record written so far is durable.
     /// Called with the io lock held.
-
     fn flush_cache(&self, skip: bool) -> Result<()> {
         let upto = self.lock().sealed;
         if !skip {
@@ -525,7 +515,6 @@ impl Volume {
     }
 
     /// Seals and writes whatever is staged (no flush).
-
     fn commit(&self) -> Result<()> {
         let mut io = self.io.lock().expect("io lock");
         self.write_out(&mut io)
@@ -637,7 +626,6 @@ impl Volume {
     }
 
     /// Frees at least `need` blocks at the head of the log (io lock held).
-
     fn reclaim(&self, io: &mut IoBuffers, need: u64) -> Result<()> {
         let bs = self.bs;
         let (head, tail, mut checkpoint) = {
@@ -765,20 +753,17 @@ impl Volume {
     /// The most live dirty blocks a reclaim copies forward instead of writing them back: half
     /// a segment (more means the cache is mostly dirty, and writing back is the right cost),
     /// and no more than a record holds.
-
     fn copy_forward_max(&self) -> usize {
         (self.layout.segment_blocks as usize / 2).min(self.staging_limit)
     }
 
     /// Blocks the writer keeps free at the tail for reclaim's copy record.
-
     fn reclaim_reserve(&self) -> u64 {
         1 + self.copy_forward_max() as u64
     }
 
     /// Reads record headers from `from` (a record boundary) until reaching `until`; calls
     /// `visit` for each; returns the first boundary at or after `until`.
-
     fn walk_records(&self, from: u64, until: u64, mut visit: impl FnMut(u64, &RecordHeader)) -> Result<u64> {
         let mut pos = from;
         let mut block = AlignedBuf::new(self.bs);
@@ -853,7 +838,6 @@ impl Volume {
     }
 
     /// Writes a checkpoint now (after writing out what is staged).
-
     pub fn checkpoint(&self) -> Result<()> {
         let mut io = self.io.lock().expect("io lock");
         self.write_out(&mut io)?;
@@ -863,7 +847,6 @@ impl Volume {
     // ---------------------------------------------------------------- read path
 
     /// Reads whole blocks: the newest completed write of each.
-
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_request(offset, buf.len() as u64)?;
         let bs = self.bs;
@@ -974,7 +957,6 @@ impl Volume {
     }
 
     /// The slow path for one block whose cached copy moved or failed its checksum.
-
     fn read_block_again(&self, block: u64, out: &mut [u8]) -> Result<()> {
         let bs = self.bs;
         loop {
@@ -1030,7 +1012,6 @@ impl Volume {
     }
 
     /// Readers that filled staging with clean blocks write it out, so admission continues.
-
     fn commit_if_staging_full(&self) {
         let full = {
             let st = self.lock();
@@ -1051,7 +1032,6 @@ impl Volume {
     /// (which a write-back interrupted by a crash may have left torn, while the cache held
     /// the good copy). Dropping a clean copy needs no log record: if a crash resurrects it,
     /// it equals the backing device's copy.
-
     pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check_request(offset, len)?;
         let bs = self.bs as u64;
@@ -1084,7 +1064,6 @@ impl Volume {
 
     /// Writes back one batch of dirty blocks in backing-address order, continuing from where
     /// the last batch stopped (an elevator). Returns how many blocks were written back.
-
     pub fn destage_step(&self, max_blocks: usize) -> Result<usize> {
         let mut cursor = self.destage.lock().expect("destage lock");
         let mut dirty: Vec<(u64, IndexEntry)> = {
@@ -1107,7 +1086,6 @@ impl Volume {
     /// Writes back the dirty blocks in the next reclaim window (the few segments after the
     /// head), so that reclaim finds them clean and writes never wait for the backing device.
     /// Incremental: each record header is read once. Returns how many blocks were written back.
-
     pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
         let _cursor = self.destage.lock().expect("destage lock");
         let (batch, until) = {
@@ -1136,7 +1114,6 @@ impl Volume {
     /// Writes `blocks` back to the backing device (destage lock held): read from the cache
     /// and verify; write in address order, merging neighbours; flush the backing device; only
     /// then mark clean and queue MarkClean entries.
-
     fn destage_blocks(&self, mut blocks: Vec<(u64, IndexEntry)>) -> Result<usize> {
         let bs = self.bs;
         blocks.sort_unstable_by_key(|(b, _)| *b);
@@ -1242,7 +1219,6 @@ impl Volume {
 
     /// Writes the next superblock copy and flushes the cache device, then makes it current.
     /// Holds no lock across the I/O.
-
     fn write_superblock(&self, mut sb: Superblock) -> Result<()> {
         sb.sequence += 1;
         let mut block = AlignedBuf::new(self.bs);
@@ -1260,7 +1236,6 @@ impl Volume {
 
     /// Writes back every dirty block, then makes the cache's record of it durable: afterwards
     /// the backing device alone holds all data. `progress(done, remaining)` is called per batch.
-
     pub fn flush_all(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
         self.flush()?;
         let mut done = 0u64;
@@ -1292,7 +1267,6 @@ impl Volume {
 
     /// One round of background work: write out old staged data, destage between the
     /// watermarks, pre-clean the head when free space runs low.
-
     pub fn background_tick(&self) -> Result<()> {
         let (low, high) = (self.dirty_low_blocks, self.dirty_high_blocks);
         let (stale, dirty) = {
@@ -1334,7 +1308,6 @@ impl Volume {
 
     /// Above the high watermark, writes wait in proportion to how close the log is to full of
     /// dirty data, so the destager catches up smoothly instead of writes stalling at the end.
-
     fn backpressure(&self) {
         if !self.background.load(Ordering::Relaxed) {
             return;
@@ -1354,7 +1327,6 @@ impl Volume {
     }
 
     /// Makes everything durable and writes a checkpoint, so the next open replays nothing.
-
     pub fn shutdown(&self) -> Result<()> {
         self.flush()?;
         self.checkpoint()
@@ -1409,7 +1381,6 @@ impl Volume {
 
     /// The log window: `(head, checkpoint position, tail)`. Records from the checkpoint
     /// position on are what recovery replays.
-
     pub fn log_window(&self) -> (u64, u64, u64) {
         let st = self.lock();
         (st.head, st.checkpoint_position, st.tail)
@@ -1421,7 +1392,6 @@ impl Volume {
     }
 
     /// Every (backing block, entry) in the index (for `check` and tests).
-
     pub fn index_snapshot(&self) -> Vec<(u64, IndexEntry)> {
         self.lock().index.iter().collect()
     }
