@@ -73,12 +73,7 @@ pub fn run(args: RandwriteArgs) -> Result<()> {
     let span_blocks = (args.span / bs).max(1);
     let mut results = Vec::new();
     let mut keep = Vec::new();
-    let (raw_name, raw, cache_dev, backing_dev): (
-        String,
-        Arc<dyn BlockDevice>,
-        Arc<dyn BlockDevice>,
-        Arc<dyn BlockDevice>,
-    ) = match (&args.cache, &args.backing) {
+    let (raw_name, raw, cache_dev, backing_dev): (String, Dev, Dev, Dev) = match (&args.cache, &args.backing) {
         (Some(c), Some(b)) => {
             let raw: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(c)?);
             (c.display().to_string(), raw, Arc::new(FileDevice::open(c)?), Arc::new(FileDevice::open(b)?))
@@ -154,6 +149,7 @@ pub fn run(args: RandwriteArgs) -> Result<()> {
     Ok(())
 }
 
+type Dev = Arc<dyn BlockDevice>;
 type WriteFn<'a> = &'a dyn Fn(u64, &[u8]) -> Result<()>;
 type FlushFn<'a> = &'a dyn Fn() -> Result<()>;
 
@@ -179,12 +175,12 @@ fn measure(
         write(block * 4096, &buf).with_context(|| format!("{name}: writing"))?;
         wh.saturating_record(t.elapsed().as_nanos() as u64 + 1);
         writes += 1;
-        if writes % flush_every.max(1) == 0 {
+        if writes.is_multiple_of(flush_every.max(1)) {
             let t = Instant::now();
             flush().with_context(|| format!("{name}: flushing"))?;
             fh.saturating_record(t.elapsed().as_nanos() as u64 + 1);
         }
-        if writes % 256 == 0 {
+        if writes.is_multiple_of(256) {
             pb.set_position(start.elapsed().as_millis() as u64);
         }
     }
