@@ -2,6 +2,7 @@
 //! Operating errors become one line on stderr and a non-zero exit code.
 
 mod bench;
+mod debug_load;
 mod devices;
 mod report;
 mod torture_cmd;
@@ -43,6 +44,9 @@ enum Command {
     /// Measure devices and volumes side by side (fsync rate, write-back throughput).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    /// A deterministic writer for crash tests (prints `flushed N` after each FLUSH).
+    #[command(hide = true)]
+    DebugLoad(debug_load::DebugLoadArgs),
 }
 
 fn main() -> ExitCode {
@@ -63,6 +67,7 @@ fn main() -> ExitCode {
         Command::Flush(a) => volume_cmds::flush_cmd(a),
         Command::Torture(a) => torture_cmd::torture_cmd(a),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::DebugLoad(a) => debug_load::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

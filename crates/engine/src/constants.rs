@@ -32,6 +32,10 @@ pub const BACKGROUND_PERIOD_MS: u64 = 5;
 /// FLUSH, bounding what a crash can take.
 pub const STAGING_MAX_AGE_MS: u64 = 100;
 
+/// At most this many metadata-only records are written per background round to drain the
+/// MarkClean queue (each holds up to `RECORD_ENTRIES` entries in one block).
+pub const META_RECORDS_PER_TICK: usize = 64;
+
 /// Backpressure: above the high watermark, each write waits up to this long, in proportion
 /// to how far dirty data is between the high watermark and a full log.
 pub const MAX_WRITE_DELAY_US: u64 = 20_000;

@@ -101,7 +101,8 @@ impl BlockModel {
 }
 
 /// Fills a block with its stamp: block number, version, and a pattern derived from both.
-fn stamp(block: u64, version: u64, out: &mut [u8]) {
+/// (Also used by the process-level crash tests, which check a volume written by a child.)
+pub fn stamp(block: u64, version: u64, out: &mut [u8]) {
     out[..8].copy_from_slice(&block.to_le_bytes());
     out[8..16].copy_from_slice(&version.to_le_bytes());
     let fill = (block as u8) ^ (version as u8).rotate_left(3) ^ 0x5a;
@@ -109,8 +110,8 @@ fn stamp(block: u64, version: u64, out: &mut [u8]) {
     out[BS - 1] = fill.wrapping_add(1);
 }
 
-/// Decodes a block's stamp if the whole block is intact.
-fn unstamp(data: &[u8]) -> Option<(u64, u64)> {
+/// Decodes a block's stamp `(block, version)` if the whole block is intact.
+pub fn unstamp(data: &[u8]) -> Option<(u64, u64)> {
     let block = u64::from_le_bytes(data[..8].try_into().ok()?);
     let version = u64::from_le_bytes(data[8..16].try_into().ok()?);
     let mut expect = vec![0u8; BS];

@@ -1277,9 +1277,18 @@ impl Volume {
                 st.staging.first_staged_ns.is_some_and(|t| now.saturating_sub(t) > STAGING_MAX_AGE_MS * 1_000_000);
             (stale, (st.index.dirty_len() + st.staging.data.len()) as u64)
         };
-        if stale {
+        // Write out staged data that has waited long enough, and a long MarkClean queue in
+        // metadata-only records (a block holds 168 of them), so that a crash does not make
+        // recovery write back again what was already written back.
+        let meta_backlog = self.lock().pending_meta.len() > RECORD_ENTRIES;
+        if stale || meta_backlog {
             if let Ok(mut io) = self.io.try_lock() {
-                self.write_out(&mut io)?;
+                for _ in 0..META_RECORDS_PER_TICK {
+                    self.write_out(&mut io)?;
+                    if self.lock().pending_meta.len() <= RECORD_ENTRIES {
+                        break;
+                    }
+                }
             }
         }
         let active = {

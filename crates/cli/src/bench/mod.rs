@@ -3,6 +3,7 @@
 
 mod fsync;
 mod randwrite;
+mod recovery;
 
 use clap::Subcommand;
 
@@ -30,11 +31,14 @@ Emulated profiles: optane, nvme, sata-raid5, hdd, usb-disk (see docs/devices.md)
     /// Write-back throughput: random 4 KiB writes with a flush every N, raw cache device vs
     /// the hybrid volume in the same run.
     Randwrite(randwrite::RandwriteArgs),
+    /// Restart time after SIGKILL: fill a cache on real files, kill the writer, time recovery.
+    Recovery(recovery::RecoveryArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
     match cmd {
         BenchCommand::Fsync(args) => fsync::run(args),
         BenchCommand::Randwrite(args) => randwrite::run(args),
+        BenchCommand::Recovery(args) => recovery::run(args),
     }
 }
