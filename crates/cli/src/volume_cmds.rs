@@ -114,7 +114,7 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
     };
     let l = sb.layout;
     let log_bytes = l.log_blocks * u64::from(l.block_size);
-    let index_bytes_per_block = 12.0 * 100.0 / 85.0;
+    let index_bytes = tiercache_engine::index_ram_bytes(l.log_blocks);
     if args.json {
         let v = serde_json::json!({
             "cache": path.display().to_string(),
@@ -124,7 +124,7 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
             "cache_size_bytes": sb.cache_size_bytes,
             "log_bytes": log_bytes,
             "backing_size_bytes": sb.backing_size_bytes,
-            "index_ram_bytes": (l.log_blocks as f64 * index_bytes_per_block) as u64,
+            "index_ram_bytes": index_bytes,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
@@ -135,7 +135,7 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
             human_bytes(log_bytes),
             l.log_blocks,
             l.block_size,
-            human_bytes((l.log_blocks as f64 * index_bytes_per_block) as u64)
+            human_bytes(index_bytes)
         );
     }
     Ok(())

@@ -1,5 +1,5 @@
-//! The offline consistency check (`tiercache check`): the log's record chain from head to
-//! tail, every cached block's checksum, and (with the backing device) that every clean block
+//! The offline consistency check (`tiercache check`): the log's record chain that recovery
+//! replays (checkpoint position to tail), every cached block's checksum, and (with the backing device) that every clean block
 //! equals the backing device's copy. Reads only.
 
 use crate::error::Result;

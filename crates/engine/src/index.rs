@@ -57,6 +57,12 @@ struct SlotInfo {
 
 const _: () = assert!(std::mem::size_of::<SlotInfo>() == 8);
 
+/// RAM the index takes for a log of `log_blocks` (what `create` reports before opening).
+pub fn index_ram_bytes(log_blocks: u64) -> u64 {
+    (log_blocks * LOAD_DEN).div_ceil(LOAD_NUM).max(log_blocks + 1) * 4
+        + log_blocks * std::mem::size_of::<SlotInfo>() as u64
+}
+
 /// The index. Not synchronised: the volume keeps it under its state lock.
 pub struct Index {
     buckets: Box<[u32]>,

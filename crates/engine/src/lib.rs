@@ -24,7 +24,7 @@ mod volume;
 
 pub use check::CheckReport;
 pub use error::{EngineError, Result, Role};
-pub use index::IndexEntry;
+pub use index::{index_ram_bytes, IndexEntry};
 pub use open::{create, read_superblock, CreateOptions, OpenReport};
 pub use volume::{Counters, Sabotage, Volume, VolumeOptions};
 

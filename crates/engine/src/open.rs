@@ -13,8 +13,9 @@
 //! | | one valid | that one |
 //! | | none valid | corrupt (create always writes one) |
 //! | each record from the checkpoint's position | header invalid, wrong sequence, wrong position, broken chain, beyond head + log, or a data CRC mismatch | stop: the tail is here |
-//! | | all checks pass | apply its entries, continue |
-//! | after replay | index entry below the final head | drop it |
+//! | | all checks pass | keep it, continue |
+//! | building the index | checkpoint entry whose position (relative to the checkpoint) is below the final head, or whose slot the replayed tail reused | skip it |
+//! | | replayed data entry below the final head | skip it (and forget older copies) |
 
 use crate::error::{EngineError, Result};
 use crate::index::{Index, IndexEntry};

@@ -188,7 +188,7 @@ struct Inflight {
     buf: Arc<AlignedBuf>,
     /// The sealed data entries (recycled into staging once written).
     data: Vec<(u64, EntryKind, u32)>,
-    /// Backing block -> data index; a TRIM removes its block so the write does not resurrect it.
+    /// Backing block -> data index.
     map: HashMap<u64, usize>,
 }
 
@@ -219,7 +219,7 @@ struct State {
     index: Index,
     staging: Staging,
     inflight: Option<Inflight>,
-    /// Oldest live log position (a record boundary).
+    /// Oldest live log position (everything below it may be overwritten).
     head: u64,
     /// Next log position to write (a record boundary).
     tail: u64,
@@ -1085,7 +1085,8 @@ impl Volume {
 
     /// Writes back the dirty blocks in the next reclaim window (the few segments after the
     /// head), so that reclaim finds them clean and writes never wait for the backing device.
-    /// Incremental: each record header is read once. Returns how many blocks were written back.
+    /// Incremental: each slot is looked at once (in RAM, through the index's reverse map).
+    /// Returns how many blocks were written back.
     pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
         let _cursor = self.destage.lock().expect("destage lock");
         let (batch, until) = {
@@ -1194,11 +1195,12 @@ impl Volume {
             self.backing.flush().map_err(EngineError::backing)?;
         }
         if let Some(fp) = new_fingerprint {
-            // Phase 3 (RAM only: the next superblock write carries it).
-
-            let mut sb = self.superblock.lock().expect("superblock lock");
+            // Phase 3: the new content is the fingerprint. Written at once, so that the
+            // "write-back in flight" allowance at attach does not stay set on disk.
+            let mut sb = self.superblock();
             sb.backing_fingerprint = fp;
             sb.backing_fingerprint_next = None;
+            self.write_superblock(sb)?;
         }
         let mut st = self.lock();
         st.counters.backing_flushes += 1;
