@@ -5,6 +5,7 @@ mod bench;
 mod debug_load;
 mod devices;
 mod report;
+mod serve;
 mod torture_cmd;
 mod volume_cmds;
 
@@ -37,6 +38,8 @@ enum Command {
     Status(volume_cmds::StatusArgs),
     /// Check a cache offline: log chain, every block's checksum, clean blocks against backing.
     Check(volume_cmds::CheckArgs),
+    /// Serve the volume over NBD until SIGTERM (status stays available via a control socket).
+    Serve(serve::ServeArgs),
     /// Write every dirty block back; afterwards the backing device alone holds all data.
     Flush(volume_cmds::FlushArgs),
     /// Run the crash simulator: random I/O, crashes with torn writes, recovery, checks.
@@ -52,7 +55,11 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The simulator injects device failures on purpose: their error logs are noise there.
-    let default_filter = if matches!(cli.command, Command::Torture(_)) { "off" } else { "warn" };
+    let default_filter = match cli.command {
+        Command::Torture(_) => "off",
+        Command::Serve(_) => "info",
+        _ => "warn",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("TIERCACHE_LOG")
@@ -65,6 +72,7 @@ fn main() -> ExitCode {
         Command::Status(a) => volume_cmds::status_cmd(a),
         Command::Check(a) => volume_cmds::check_cmd(a),
         Command::Flush(a) => volume_cmds::flush_cmd(a),
+        Command::Serve(a) => serve::serve_cmd(a),
         Command::Torture(a) => torture_cmd::torture_cmd(a),
         Command::Bench(cmd) => bench::run(cmd),
         Command::DebugLoad(a) => debug_load::run(a),

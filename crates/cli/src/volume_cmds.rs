@@ -151,9 +151,29 @@ pub struct StatusArgs {
 }
 
 pub fn status_cmd(args: StatusArgs) -> Result<()> {
-    let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
-    let volume = Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?;
-    let s = volume.status();
+    let spec = DeviceSpec::parse(&args.cache)?;
+    let s: tiercache_engine::Status = match spec.open("cache") {
+        Ok(cache) => Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?.status(),
+        Err(e) if is_locked(&e) => {
+            // A server holds the device: ask it (the superblock, read without the lock,
+            // names its control socket).
+            let dev = tiercache_device::FileDevice::open_with(
+                spec.path(),
+                tiercache_device::OpenOptions { direct: false, lock: false },
+            )?;
+            let sb = read_superblock(&dev)?;
+            let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
+            let v = crate::serve::query_status(&uuid).with_context(|| {
+                format!("{} is in use, but no tiercache server answers on its control socket", spec.path().display())
+            })?;
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+                return Ok(());
+            }
+            serde_json::from_value(v).context("decoding the server's status")?
+        }
+        Err(e) => return Err(e),
+    };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&s)?);
         return Ok(());
@@ -293,6 +313,15 @@ pub fn flush_cmd(args: FlushArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+fn is_locked(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<tiercache_device::DeviceError>(),
+            Some(tiercache_device::DeviceError::AlreadyOpen { .. })
+        )
+    })
 }
 
 /// A progress bar on stderr, hidden for --json or when stderr is not a terminal.

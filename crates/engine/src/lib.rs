@@ -35,11 +35,11 @@ use std::thread::JoinHandle;
 pub use tiercache_device::Clock;
 
 /// What `tiercache status` reports.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Status {
-    pub mode: &'static str,
+    pub mode: String,
     /// "ok", or "failed" after a cache-device write or flush error.
-    pub state: &'static str,
+    pub state: String,
     pub failure: Option<String>,
     pub uuid: String,
     pub backing_path: String,

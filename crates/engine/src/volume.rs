@@ -193,7 +193,7 @@ struct Inflight {
 }
 
 /// Counters, reported by `status`.
-#[derive(Debug, Clone, Copy, Default, Serialize)]
+#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
 pub struct Counters {
     pub read_requests: u64,
     pub write_requests: u64,
@@ -298,6 +298,8 @@ pub struct Volume {
     destage: Mutex<u64>,
     state: Mutex<State>,
     superblock: Mutex<Superblock>,
+    /// Serialises read-modify-write of partial blocks (`write_bytes`).
+    rmw: Mutex<()>,
     /// Dirty watermarks in blocks (fixed while open; copied so that no path takes the
     /// superblock lock while holding the state lock).
     dirty_low_blocks: u64,
@@ -374,6 +376,7 @@ impl Volume {
             dirty_low_blocks: layout.log_blocks * u64::from(r.superblock.dirty_low_permille) / 1000,
             dirty_high_blocks: layout.log_blocks * u64::from(r.superblock.dirty_high_permille) / 1000,
             superblock: Mutex::new(r.superblock),
+            rmw: Mutex::new(()),
             background: AtomicBool::new(false),
         }
     }
@@ -457,6 +460,51 @@ impl Volume {
     pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.write(offset, data)?;
         self.flush()
+    }
+
+    /// Reads any byte range (frontends whose clients may send sub-block requests): whole
+    /// blocks are read and the requested bytes copied out.
+    pub fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let (start, end) = self.aligned_span(offset, buf.len() as u64)?;
+        if start == offset && end == offset + buf.len() as u64 {
+            return self.read(offset, buf);
+        }
+        let mut whole = vec![0u8; (end - start) as usize];
+        self.read(start, &mut whole)?;
+        let at = (offset - start) as usize;
+        buf.copy_from_slice(&whole[at..at + buf.len()]);
+        Ok(())
+    }
+
+    /// Writes any byte range: partial first and last blocks are read, modified and written
+    /// (serialised among themselves; overlapping concurrent writes have no defined order on a
+    /// disk either).
+    pub fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let (start, end) = self.aligned_span(offset, data.len() as u64)?;
+        if start == offset && end == offset + data.len() as u64 {
+            return self.write(offset, data);
+        }
+        let _rmw = self.rmw.lock().expect("rmw lock");
+        let mut whole = vec![0u8; (end - start) as usize];
+        let bs = self.bs as u64;
+        self.read(start, &mut whole[..self.bs])?;
+        if end - start > bs {
+            let last = whole.len() - self.bs;
+            self.read(end - bs, &mut whole[last..])?;
+        }
+        let at = (offset - start) as usize;
+        whole[at..at + data.len()].copy_from_slice(data);
+        self.write(start, &whole)
+    }
+
+    /// The block-aligned span covering a byte range, checked against the volume's size.
+    fn aligned_span(&self, offset: u64, len: u64) -> Result<(u64, u64)> {
+        let bs = self.bs as u64;
+        let end = offset.checked_add(len).filter(|&e| e <= self.size_bytes());
+        let Some(end) = end else {
+            return Err(EngineError::OutOfRange { offset, len, size_bytes: self.size_bytes() });
+        };
+        Ok((offset / bs * bs, end.div_ceil(bs) * bs))
     }
 
     /// Writes zeroes over a range (NBD WRITE_ZEROES): ordinary writes of zero blocks.
@@ -1360,8 +1408,8 @@ impl Volume {
         let c = st.counters;
         let lookups = c.read_hit_blocks + c.read_miss_blocks;
         crate::Status {
-            mode: sb.mode.name(),
-            state: if st.poisoned.is_some() { "failed" } else { "ok" },
+            mode: sb.mode.name().to_string(),
+            state: if st.poisoned.is_some() { "failed" } else { "ok" }.to_string(),
             failure: st.poisoned.clone(),
             block_size: self.layout.block_size,
             cache_size_bytes: sb.cache_size_bytes,

@@ -249,3 +249,27 @@ fn a_corrupt_checkpoint_falls_back_to_the_other_one() {
         assert_eq!(read_version(&v, b), 5, "block {b}");
     }
 }
+
+#[test]
+fn byte_granular_reads_and_writes_modify_only_their_bytes() {
+    let (cache, backing) = fresh();
+    let v = open(&cache, &backing);
+    let mut model: Vec<u8> = (0..BLOCKS).flat_map(|b| stamp(b, 0)).collect();
+    let mut rng = 12345u64;
+    for _ in 0..300 {
+        rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let offset = (rng >> 20) % (model.len() as u64 - 20_000);
+        let len = 1 + (rng >> 44) % 12_000;
+        let data: Vec<u8> = (0..len).map(|i| (i as u8) ^ (rng as u8)).collect();
+        v.write_bytes(offset, &data).unwrap();
+        model[offset as usize..(offset + len) as usize].copy_from_slice(&data);
+        let mut back = vec![0u8; len as usize + 100];
+        v.read_bytes(offset.saturating_sub(50), &mut back).unwrap();
+        let from = offset.saturating_sub(50) as usize;
+        assert_eq!(back, model[from..from + back.len()]);
+    }
+    let mut all = vec![0u8; model.len()];
+    v.read(0, &mut all).unwrap();
+    assert!(all == model, "volume differs from the byte model");
+    assert!(v.read_bytes(model.len() as u64 - 10, &mut [0u8; 20]).is_err(), "beyond the end");
+}

@@ -1,0 +1,174 @@
+//! `tiercache serve`: one long-running process that opens (recovers) the volume, runs its
+//! background write-back, serves it through the chosen frontends, answers `tiercache status`
+//! on a control socket, and on SIGTERM or SIGINT disconnects clients, makes everything
+//! durable and exits. SIGKILL at any moment loses nothing that was flushed.
+
+use crate::devices::DeviceSpec;
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tiercache_device::MonotonicClock;
+use tiercache_engine::{Background, Volume, VolumeOptions};
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  tiercache serve --cache /dev/nvme0n1p1 --backing /dev/md0 --nbd unix:/run/tc.sock
+  tiercache serve --cache c.img --backing b.img --nbd tcp:10809        (127.0.0.1:10809)
+  qemu-io -f raw nbd+unix:///tiercache?socket=/run/tc.sock -c 'write -P 0xab 0 64k'
+
+Stop with SIGTERM or Ctrl-C: clients are disconnected and everything is made durable.
+`tiercache status --cache DEVICE` works while this runs (through the control socket).")]
+pub struct ServeArgs {
+    /// The cache device: PATH, or emulated:PROFILE:PATH.
+    #[arg(long, value_name = "DEVICE")]
+    cache: String,
+    /// The backing device.
+    #[arg(long, value_name = "DEVICE")]
+    backing: String,
+    /// Serve over NBD: unix:SOCKET, tcp:PORT (loopback), or tcp:HOST:PORT. Repeatable.
+    #[arg(long, value_name = "ENDPOINT")]
+    nbd: Vec<String>,
+    /// The NBD export name (clients may also ask for "").
+    #[arg(long, default_value = "tiercache")]
+    export_name: String,
+    /// Control socket for `tiercache status` (default: derived from the volume's UUID).
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
+}
+
+/// Where the control socket of the volume with this UUID lives by default.
+pub fn default_control_path(uuid: &str) -> PathBuf {
+    let dir = if nix_is_root() { PathBuf::from("/run/tiercache") } else { std::env::temp_dir().join("tiercache") };
+    dir.join(format!("{uuid}.sock"))
+}
+
+fn nix_is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and touches no memory.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Binds a Unix socket, replacing a stale socket file (one nobody listens on).
+fn bind_unix(path: &Path) -> Result<UnixListener> {
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            bail!("{}: another server is listening on this socket", path.display());
+        }
+        std::fs::remove_file(path).with_context(|| format!("removing the stale socket {}", path.display()))?;
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))
+}
+
+fn parse_endpoint(e: &str) -> Result<tiercache_nbd::Listener> {
+    if let Some(path) = e.strip_prefix("unix:") {
+        return Ok(tiercache_nbd::Listener::Unix(bind_unix(Path::new(path))?));
+    }
+    if let Some(rest) = e.strip_prefix("tcp:") {
+        // tcp:PORT listens on loopback; tcp:HOST:PORT (or tcp:[v6]:PORT) where told.
+        let addr = if rest.contains(':') { rest.to_string() } else { format!("127.0.0.1:{rest}") };
+        let l = std::net::TcpListener::bind(&addr).with_context(|| format!("listening on {addr}"))?;
+        return Ok(tiercache_nbd::Listener::Tcp(l));
+    }
+    bail!("'{e}': an NBD endpoint is unix:SOCKET, tcp:PORT or tcp:HOST:PORT")
+}
+
+pub fn serve_cmd(args: ServeArgs) -> Result<()> {
+    if args.nbd.is_empty() {
+        bail!("nothing to serve: give at least one --nbd endpoint");
+    }
+    let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
+    let backing = DeviceSpec::parse(&args.backing)?.open("backing")?;
+    let listeners = args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?;
+    let (volume, report) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
+    tracing::info!(
+        replayed_records = report.replayed_records,
+        cached_blocks = report.recovered_blocks,
+        dirty_blocks = report.recovered_dirty_blocks,
+        "volume recovered"
+    );
+    let volume = Arc::new(volume);
+    let background = Background::start(&volume);
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
+    }
+    let status = volume.status();
+    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&status.uuid));
+    let control = bind_unix(&control_path)?;
+    control.set_nonblocking(true)?;
+    let config = tiercache_nbd::Config { export_name: args.export_name.clone(), ..Default::default() };
+    let mut threads = Vec::new();
+    for (endpoint, listener) in args.nbd.iter().zip(listeners) {
+        let (backend, config, stop) =
+            (Arc::clone(&volume) as Arc<dyn tiercache_nbd::Backend>, config.clone(), Arc::clone(&stop));
+        tracing::info!(%endpoint, export = %config.export_name, "serving NBD");
+        threads.push(std::thread::spawn(move || tiercache_nbd::serve(listener, backend, config, stop)));
+    }
+    eprintln!(
+        "tiercache: serving {} ({} cached, {} dirty) on {}; control socket {}",
+        args.cache,
+        crate::volume_cmds::human_bytes(status.cached_bytes),
+        crate::volume_cmds::human_bytes(status.dirty_bytes),
+        args.nbd.join(", "),
+        control_path.display()
+    );
+    while !stop.load(Ordering::Relaxed) {
+        match control.accept() {
+            Ok((conn, _)) => {
+                if let Err(e) = answer_control(conn, &volume) {
+                    tracing::debug!(error = %e, "control connection");
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => tracing::warn!(error = %e, "control socket"),
+        }
+    }
+    tracing::info!("stopping: disconnecting clients");
+    for t in threads {
+        if let Ok(Err(e)) = t.join() {
+            tracing::warn!(error = %e, "NBD listener");
+        }
+    }
+    drop(background);
+    volume.shutdown().context("making everything durable at shutdown")?;
+    let _ = std::fs::remove_file(&control_path);
+    for e in &args.nbd {
+        if let Some(p) = e.strip_prefix("unix:") {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    eprintln!("tiercache: stopped cleanly; everything is durable");
+    Ok(())
+}
+
+/// The control protocol: one request line ("status"), one JSON reply line.
+fn answer_control(conn: UnixStream, volume: &Volume) -> Result<()> {
+    conn.set_nonblocking(false)?;
+    conn.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line)?;
+    let mut w = &conn;
+    match line.trim() {
+        "status" => writeln!(w, "{}", serde_json::to_string(&volume.status())?)?,
+        other => writeln!(w, "{{\"error\":\"unknown request '{other}'\"}}")?,
+    }
+    Ok(())
+}
+
+/// Asks a running server for the volume's status (`None` if no server answers).
+pub fn query_status(uuid: &str) -> Option<serde_json::Value> {
+    let mut conn = UnixStream::connect(default_control_path(uuid)).ok()?;
+    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    writeln!(conn, "status").ok()?;
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line).ok()?;
+    serde_json::from_str(&line).ok()
+}

@@ -1,0 +1,430 @@
+//! tiercache's NBD server: exports a volume to any NBD client (qemu-io, nbdcopy, nbdfuse, the
+//! kernel's nbd-client) over a Unix socket or TCP.
+//!
+//! Fixed newstyle handshake with NBD_OPT_EXPORT_NAME, INFO, GO (export size, flags, block size
+//! constraints), LIST and ABORT; TLS and structured replies are answered "unsupported".
+//! Transmission: READ, WRITE (with FUA), FLUSH, TRIM, WRITE_ZEROES, DISC; several requests in
+//! flight per connection (a reader thread and a bounded pool of workers), several connections
+//! (CAN_MULTI_CONN: a FLUSH on any connection covers writes completed on all of them, because
+//! they share one volume).
+//!
+//! Hostile input: every request is validated here (magic, command, bounds, length) and again by
+//! the engine; a malformed request gets the protocol's error reply; a client that breaks
+//! framing (bad magic, oversized payload) is disconnected. No request can reach outside the
+//! volume or make the server allocate more than `MAX_REQUEST_BYTES` per worker.
+
+pub mod proto;
+
+use proto::*;
+use std::io::{self, Read, Write};
+use std::net::TcpListener;
+use std::os::unix::net::UnixListener;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+use tiercache_engine::Volume;
+
+/// What the server exports. Errors are errno values for the reply.
+pub trait Backend: Send + Sync + 'static {
+    fn size_bytes(&self) -> u64;
+    fn block_size(&self) -> u32;
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32>;
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32>;
+    fn flush(&self) -> Result<(), u32>;
+    fn trim(&self, offset: u64, len: u64) -> Result<(), u32>;
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
+}
+
+fn errno(e: tiercache_engine::EngineError) -> u32 {
+    tracing::debug!(error = %e, "request failed");
+    u32::try_from(e.errno()).unwrap_or(EIO)
+}
+
+impl Backend for Volume {
+    fn size_bytes(&self) -> u64 {
+        Volume::size_bytes(self)
+    }
+    fn block_size(&self) -> u32 {
+        Volume::block_size(self)
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+        self.read_bytes(offset, buf).map_err(errno)
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
+        self.write_bytes(offset, data).map_err(errno)?;
+        if fua {
+            Volume::flush(self).map_err(errno)?;
+        }
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), u32> {
+        Volume::flush(self).map_err(errno)
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), u32> {
+        // TRIM is a hint: only the whole blocks inside the range are dropped.
+        let bs = u64::from(Volume::block_size(self));
+        let start = offset.div_ceil(bs) * bs;
+        let end = (offset + len) / bs * bs;
+        if end > start {
+            self.discard(start, end - start).map_err(errno)?;
+        }
+        Ok(())
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        let bs = u64::from(Volume::block_size(self));
+        let start = offset.div_ceil(bs) * bs;
+        let end = ((offset + len) / bs * bs).max(start);
+        if end > start {
+            Volume::write_zeroes(self, start, end - start).map_err(errno)?;
+        }
+        // Partial blocks at either edge.
+        for (a, b) in [(offset, start.min(offset + len)), (end.max(offset), offset + len)] {
+            if b > a {
+                self.write_bytes(a, &vec![0u8; (b - a) as usize]).map_err(errno)?;
+            }
+        }
+        if fua {
+            Volume::flush(self).map_err(errno)?;
+        }
+        Ok(())
+    }
+}
+
+/// Server settings.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The export's name ("" also selects it).
+    pub export_name: String,
+    pub description: String,
+    /// Requests executed in parallel per connection.
+    pub workers_per_connection: usize,
+    pub max_connections: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            export_name: "tiercache".into(),
+            description: "tiercache hybrid volume".into(),
+            workers_per_connection: 4,
+            max_connections: 64,
+        }
+    }
+}
+
+/// A listening socket.
+pub enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+trait Stream: Read + Write + Send + 'static {
+    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>>;
+    fn shutdown_both(&self);
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+}
+
+impl Stream for std::os::unix::net::UnixStream {
+    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+impl Stream for std::net::TcpStream {
+    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
+        Ok(Box::new(self.try_clone()?))
+    }
+    fn shutdown_both(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Both);
+    }
+    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        self.set_read_timeout(t)
+    }
+}
+
+/// How long a client may take to finish the handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Accepts connections until `stop` is set, then disconnects every client and returns once
+/// their in-flight requests have completed.
+pub fn serve(listener: Listener, backend: Arc<dyn Backend>, config: Config, stop: Arc<AtomicBool>) -> io::Result<()> {
+    match &listener {
+        Listener::Unix(l) => l.set_nonblocking(true)?,
+        Listener::Tcp(l) => l.set_nonblocking(true)?,
+    }
+    let active = Arc::new(AtomicUsize::new(0));
+    let mut clients: Vec<(Box<dyn Stream>, std::thread::JoinHandle<()>)> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let accepted: io::Result<Box<dyn Stream>> = match &listener {
+            Listener::Unix(l) => l.accept().map(|(s, _)| Box::new(s) as Box<dyn Stream>),
+            Listener::Tcp(l) => l.accept().map(|(s, _)| {
+                let _ = s.set_nodelay(true);
+                Box::new(s) as Box<dyn Stream>
+            }),
+        };
+        let stream = match accepted {
+            Ok(s) => s,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+                clients.retain(|(_, h)| !h.is_finished());
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        if active.load(Ordering::Relaxed) >= config.max_connections {
+            tracing::warn!(max = config.max_connections, "too many connections; refusing one");
+            stream.shutdown_both();
+            continue;
+        }
+        let handle = stream.try_clone_box()?;
+        let (backend, config, active2) = (Arc::clone(&backend), config.clone(), Arc::clone(&active));
+        active.fetch_add(1, Ordering::Relaxed);
+        let thread = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
+            if let Err(e) = connection(stream, &*backend, &config) {
+                tracing::debug!(error = %e, "connection ended");
+            }
+            active2.fetch_sub(1, Ordering::Relaxed);
+        })?;
+        clients.push((handle, thread));
+    }
+    for (s, _) in &clients {
+        s.shutdown_both();
+    }
+    for (_, t) in clients {
+        let _ = t.join();
+    }
+    Ok(())
+}
+
+fn read_exact_or_eof(s: &mut dyn Stream, buf: &mut [u8]) -> io::Result<bool> {
+    match s.read_exact(buf) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn protocol_error(what: impl std::fmt::Display) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what.to_string())
+}
+
+fn transmission_flags() -> u16 {
+    TFLAG_HAS_FLAGS
+        | TFLAG_SEND_FLUSH
+        | TFLAG_SEND_FUA
+        | TFLAG_SEND_TRIM
+        | TFLAG_SEND_WRITE_ZEROES
+        | TFLAG_CAN_MULTI_CONN
+}
+
+/// Runs the handshake; returns whether to go on to transmission.
+fn handshake(s: &mut dyn Stream, backend: &dyn Backend, config: &Config) -> io::Result<bool> {
+    let mut hello = Vec::with_capacity(18);
+    hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
+    hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
+    hello.extend_from_slice(&(FLAG_FIXED_NEWSTYLE | FLAG_NO_ZEROES).to_be_bytes());
+    s.write_all(&hello)?;
+    let mut cf = [0u8; 4];
+    if !read_exact_or_eof(s, &mut cf)? {
+        return Ok(false);
+    }
+    let client_flags = u32::from_be_bytes(cf);
+    if client_flags & FLAG_C_FIXED_NEWSTYLE == 0 || client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
+        return Err(protocol_error(format!("unsupported client flags {client_flags:#x}")));
+    }
+    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    let known = |name: &str| name.is_empty() || name == config.export_name;
+    loop {
+        let mut h = [0u8; 16];
+        if !read_exact_or_eof(s, &mut h)? {
+            return Ok(false);
+        }
+        let header = decode_option_header(&h).map_err(protocol_error)?;
+        let mut payload = vec![0u8; header.length as usize];
+        s.read_exact(&mut payload)?;
+        let reply =
+            |s: &mut dyn Stream, kind: u32, data: &[u8]| s.write_all(&encode_option_reply(header.option, kind, data));
+        match header.option {
+            OPT_EXPORT_NAME => {
+                let name = String::from_utf8_lossy(&payload);
+                if !known(&name) {
+                    return Err(protocol_error(format!("unknown export '{name}'")));
+                }
+                let mut v = Vec::with_capacity(134);
+                v.extend_from_slice(&backend.size_bytes().to_be_bytes());
+                v.extend_from_slice(&transmission_flags().to_be_bytes());
+                if !no_zeroes {
+                    v.extend_from_slice(&[0u8; 124]);
+                }
+                s.write_all(&v)?;
+                return Ok(true);
+            }
+            OPT_ABORT => {
+                let _ = reply(s, REP_ACK, &[]);
+                return Ok(false);
+            }
+            OPT_LIST => {
+                if !payload.is_empty() {
+                    reply(s, REP_ERR_INVALID, b"NBD_OPT_LIST takes no data")?;
+                    continue;
+                }
+                let mut d = (config.export_name.len() as u32).to_be_bytes().to_vec();
+                d.extend_from_slice(config.export_name.as_bytes());
+                d.extend_from_slice(config.description.as_bytes());
+                reply(s, REP_SERVER, &d)?;
+                reply(s, REP_ACK, &[])?;
+            }
+            OPT_INFO | OPT_GO => {
+                let req = match decode_info_request(&payload) {
+                    Ok(r) => r,
+                    Err(e) => {
+                        reply(s, REP_ERR_INVALID, e.to_string().as_bytes())?;
+                        continue;
+                    }
+                };
+                if !known(&req.name) {
+                    reply(s, REP_ERR_UNKNOWN, format!("no export named '{}'", req.name).as_bytes())?;
+                    continue;
+                }
+                let mut export = INFO_EXPORT.to_be_bytes().to_vec();
+                export.extend_from_slice(&backend.size_bytes().to_be_bytes());
+                export.extend_from_slice(&transmission_flags().to_be_bytes());
+                reply(s, REP_INFO, &export)?;
+                let mut block = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
+                block.extend_from_slice(&backend.block_size().to_be_bytes()); // minimum
+                block.extend_from_slice(&backend.block_size().to_be_bytes()); // preferred
+                block.extend_from_slice(&MAX_REQUEST_BYTES.to_be_bytes()); // maximum
+                reply(s, REP_INFO, &block)?;
+                if req.infos.contains(&INFO_NAME) {
+                    let mut d = INFO_NAME.to_be_bytes().to_vec();
+                    d.extend_from_slice(config.export_name.as_bytes());
+                    reply(s, REP_INFO, &d)?;
+                }
+                if req.infos.contains(&INFO_DESCRIPTION) {
+                    let mut d = INFO_DESCRIPTION.to_be_bytes().to_vec();
+                    d.extend_from_slice(config.description.as_bytes());
+                    reply(s, REP_INFO, &d)?;
+                }
+                reply(s, REP_ACK, &[])?;
+                if header.option == OPT_GO {
+                    return Ok(true);
+                }
+            }
+            OPT_STARTTLS => reply(s, REP_ERR_POLICY, b"TLS is not supported by this server")?,
+            _ => reply(s, REP_ERR_UNSUP, b"option not supported")?,
+        }
+    }
+}
+
+/// Work for a worker: a validated request, with its data for WRITE.
+struct Job {
+    req: Request,
+    data: Vec<u8>,
+}
+
+fn connection(mut stream: Box<dyn Stream>, backend: &dyn Backend, config: &Config) -> io::Result<()> {
+    stream.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
+    if !handshake(&mut *stream, backend, config)? {
+        return Ok(());
+    }
+    stream.set_timeout(None)?;
+    let writer = Mutex::new(stream.try_clone_box()?);
+    let (tx, rx) = mpsc::sync_channel::<Job>(config.workers_per_connection * 2);
+    let rx = Mutex::new(rx);
+    std::thread::scope(|scope| -> io::Result<()> {
+        for _ in 0..config.workers_per_connection.max(1) {
+            scope.spawn(|| loop {
+                let job = match rx.lock().expect("job queue").recv() {
+                    Ok(j) => j,
+                    Err(_) => break,
+                };
+                if execute(job, backend, &writer).is_err() {
+                    break; // the client went away
+                }
+            });
+        }
+        let result = transmission(&mut *stream, backend, &writer, &tx);
+        drop(tx); // workers finish the queued requests, then stop
+        result
+    })
+}
+
+/// Reads requests and hands them to the workers, until DISC or EOF.
+fn transmission(
+    s: &mut dyn Stream,
+    backend: &dyn Backend,
+    writer: &Mutex<Box<dyn Stream>>,
+    tx: &mpsc::SyncSender<Job>,
+) -> io::Result<()> {
+    let size = backend.size_bytes();
+    loop {
+        let mut h = [0u8; 28];
+        if !read_exact_or_eof(s, &mut h)? {
+            return Ok(());
+        }
+        let req = decode_request(&h).map_err(protocol_error)?;
+        let mut data = Vec::new();
+        if req.kind == CMD_WRITE {
+            if req.length > MAX_REQUEST_BYTES {
+                // The payload cannot be skipped safely: disconnect (the spec allows it).
+                return Err(protocol_error(format!("write of {} bytes exceeds the maximum", req.length)));
+            }
+            data = vec![0u8; req.length as usize];
+            s.read_exact(&mut data)?;
+        }
+        let in_range = req.offset.checked_add(u64::from(req.length)).is_some_and(|end| end <= size);
+        let error = match req.kind {
+            CMD_DISC => return Ok(()),
+            CMD_READ if req.length > MAX_REQUEST_BYTES => Some(EOVERFLOW),
+            CMD_READ if !in_range => Some(EINVAL),
+            CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES if !in_range => Some(ENOSPC),
+            CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_WRITE_ZEROES => None,
+            _ => Some(EINVAL),
+        };
+        if let Some(e) = error {
+            let mut w = writer.lock().expect("writer");
+            w.write_all(&encode_simple_reply(e, req.cookie))?;
+            continue;
+        }
+        if tx.send(Job { req, data }).is_err() {
+            return Ok(());
+        }
+    }
+}
+
+fn execute(job: Job, backend: &dyn Backend, writer: &Mutex<Box<dyn Stream>>) -> io::Result<()> {
+    let r = job.req;
+    let fua = r.flags & CMD_FLAG_FUA != 0;
+    let len = u64::from(r.length);
+    let (result, data) = match r.kind {
+        CMD_READ => {
+            let mut buf = vec![0u8; r.length as usize];
+            let res = backend.read(r.offset, &mut buf);
+            (res, Some(buf))
+        }
+        CMD_WRITE => (backend.write(r.offset, &job.data, fua), None),
+        CMD_FLUSH => (backend.flush(), None),
+        CMD_TRIM => (backend.trim(r.offset, len), None),
+        CMD_WRITE_ZEROES => (backend.write_zeroes(r.offset, len, fua), None),
+        _ => unreachable!("validated by the reader"),
+    };
+    let mut w = writer.lock().expect("writer");
+    match (result, data) {
+        (Ok(()), Some(buf)) => {
+            w.write_all(&encode_simple_reply(0, r.cookie))?;
+            w.write_all(&buf)
+        }
+        (Ok(()), None) => w.write_all(&encode_simple_reply(0, r.cookie)),
+        (Err(e), _) => w.write_all(&encode_simple_reply(e, r.cookie)),
+    }
+}
