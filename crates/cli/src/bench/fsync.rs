@@ -5,10 +5,11 @@
 use crate::report::{latency_histogram, quantile_us, round1, thousands, Table};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::os::unix::fs::FileTypeExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiercache_device::{
@@ -20,6 +21,8 @@ use tiercache_engine::{create, Background, CreateOptions, Volume, VolumeOptions}
 const WRITE_BYTES: usize = 4096;
 /// Size of the sparse temporary file behind an emulated target (and a hybrid's backing).
 const EMULATED_FILE_BYTES: u64 = 1 << 30;
+/// Size of the preconditioned file the raw comparison of --cache/--backing runs on.
+const RAW_FILE_BYTES: u64 = 64 << 20;
 /// Size of a hybrid target's cache device.
 const HYBRID_CACHE_BYTES: u64 = 256 << 20;
 /// The default matrix: the seed table's fast device, a NAND NVMe, the slow USB disk, and the
@@ -44,6 +47,10 @@ pub struct FsyncArgs {
     /// The backing file for --cache.
     #[arg(long, value_name = "PATH", requires = "cache")]
     backing: Option<PathBuf>,
+    /// Interleaved rounds: each target runs --seconds/ROUNDS per round, in turn; the rate
+    /// reported is the median round (robust to a machine whose speed drifts).
+    #[arg(long, default_value_t = 5)]
+    rounds: u32,
     /// Allow PATH targets that are block devices (their first 4 KiB are overwritten).
     #[arg(long)]
     destructive: bool,
@@ -68,11 +75,6 @@ enum Target {
     HybridEmulated {
         cache: &'static Profile,
         backing: &'static Profile,
-    },
-    /// A hybrid volume on real files.
-    HybridFiles {
-        cache: PathBuf,
-        backing: PathBuf,
     },
 }
 
@@ -101,6 +103,8 @@ struct FsyncResult {
 
 #[derive(Debug, Serialize)]
 struct FsyncReport {
+    /// Each target ran this many interleaved slices; rates are the median slice.
+    rounds: u32,
     results: Vec<FsyncResult>,
 }
 
@@ -130,72 +134,220 @@ fn parse_target(s: &str, destructive: bool) -> Result<Target> {
     Ok(Target::Path(path))
 }
 
+/// One thing to measure: how to write a block and flush, plus what its row reports.
+struct Runner {
+    name: String,
+    io_mode: &'static str,
+    documented: Option<f64>,
+    /// (target name, io mode) of the raw cache device row this one is compared with.
+    compare_with: Option<(String, &'static str)>,
+    write: Box<dyn Fn(&[u8]) -> Result<()>>,
+    flush: Box<dyn Fn() -> Result<()>>,
+}
+
+/// Removes a file when dropped (the raw-comparison file beside a real cache file).
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+fn device_runner(dev: Arc<dyn BlockDevice>, name: String, io_mode: &'static str) -> Runner {
+    let d2 = Arc::clone(&dev);
+    Runner {
+        name,
+        io_mode,
+        documented: None,
+        compare_with: None,
+        write: Box::new(move |buf| Ok(dev.write_at(0, buf)?)),
+        flush: Box::new(move || Ok(d2.flush()?)),
+    }
+}
+
+/// Formats a fresh hybrid volume on `cache` and `backing`; the volume and its background
+/// thread live as long as the runner.
+fn hybrid_runner(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>, name: String) -> Result<Runner> {
+    create(&*cache, &*backing, &CreateOptions::default()).with_context(|| format!("{name}: formatting"))?;
+    let (volume, _) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
+    let volume = Arc::new(volume);
+    let background = Arc::new(Background::start(&volume));
+    let v2 = Arc::clone(&volume);
+    Ok(Runner {
+        name,
+        io_mode: "hybrid",
+        documented: None,
+        compare_with: None,
+        write: Box::new(move |buf| Ok(volume.write(0, buf)?)),
+        flush: Box::new(move || {
+            let _background = &background;
+            Ok(v2.flush()?)
+        }),
+    })
+}
+
+fn path_runners(path: &Path) -> Result<Vec<Runner>> {
+    let mut runners = Vec::new();
+    for (direct, mode) in [(true, "o_direct"), (false, "buffered")] {
+        let dev = match FileDevice::open_with(path, OpenOptions { direct, lock: false }) {
+            Err(e @ DeviceError::DirectIoUnsupported { .. }) => {
+                eprintln!("tiercache: skipping the O_DIRECT run: {e}");
+                continue;
+            }
+            r => r?,
+        };
+        runners.push(device_runner(Arc::new(dev), path.display().to_string(), mode));
+    }
+    Ok(runners)
+}
+
 pub fn run(args: FsyncArgs) -> Result<()> {
     let specs: Vec<String> = if args.targets.is_empty() && args.cache.is_none() {
         DEFAULT_TARGETS.iter().map(|s| s.to_string()).collect()
     } else {
         args.targets.clone()
     };
-    let mut targets = specs.iter().map(|s| parse_target(s, args.destructive)).collect::<Result<Vec<_>>>()?;
+    let targets = specs.iter().map(|s| parse_target(s, args.destructive)).collect::<Result<Vec<_>>>()?;
     if let (Some(cache), Some(backing)) = (&args.cache, &args.backing) {
         for p in [cache, backing] {
             parse_target(&p.display().to_string(), args.destructive)?;
         }
-        targets.push(Target::Path(cache.clone()));
-        targets.push(Target::HybridFiles { cache: cache.clone(), backing: backing.clone() });
     }
-    let duration = Duration::from_secs_f64(args.seconds);
-    let mut results: Vec<FsyncResult> = Vec::new();
-    for target in &targets {
+    let mut keep: Vec<tempfile::NamedTempFile> = Vec::new();
+    let mut cleanup: Vec<RemoveOnDrop> = Vec::new();
+    let mut runners: Vec<Runner> = Vec::new();
+    for target in targets {
         match target {
             Target::Emulated(profile) => {
                 let file = temp_file(EMULATED_FILE_BYTES)?;
-                let dev = EmulatedDevice::open(file.path(), profile)?;
-                let name = format!("emulated:{}", profile.name);
-                let mut r = measure_device(&dev, &name, "emulated", duration, args.json)?;
-                r.documented_fsyncs_per_second = Some(profile.documented_fsyncs_per_second);
-                results.push(r);
+                let dev = Arc::new(EmulatedDevice::open(file.path(), profile)?);
+                keep.push(file);
+                let mut r = device_runner(dev, format!("emulated:{}", profile.name), "emulated");
+                r.documented = Some(profile.documented_fsyncs_per_second);
+                runners.push(r);
             }
-            Target::Path(path) => {
-                for (direct, mode) in [(true, "o_direct"), (false, "buffered")] {
-                    let dev = match FileDevice::open_with(path, OpenOptions { direct, lock: true }) {
-                        Err(e @ DeviceError::DirectIoUnsupported { .. }) => {
-                            eprintln!("tiercache: skipping the O_DIRECT run: {e}");
-                            continue;
-                        }
-                        r => r?,
-                    };
-                    results.push(measure_device(&dev, &path.display().to_string(), mode, duration, args.json)?);
-                }
-            }
+            Target::Path(path) => runners.extend(path_runners(&path)?),
             Target::HybridEmulated { cache, backing } => {
                 let cache_file = preconditioned_temp_file(HYBRID_CACHE_BYTES)?;
                 let backing_file = temp_file(EMULATED_FILE_BYTES)?;
                 let c: Arc<dyn BlockDevice> = Arc::new(EmulatedDevice::open(cache_file.path(), cache)?);
                 let b: Arc<dyn BlockDevice> = Arc::new(EmulatedDevice::open(backing_file.path(), backing)?);
-                let name = format!("hybrid:{}:{}", cache.name, backing.name);
-                let mut r = measure_hybrid(c, b, &name, duration, args.json)?;
-                let raw = format!("emulated:{}", cache.name);
-                compare_with_raw(&mut r, &results, &raw, "emulated");
-                results.push(r);
-            }
-            Target::HybridFiles { cache, backing } => {
-                let c: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(cache)?);
-                let b: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(backing)?);
-                let name = format!("hybrid ({} over {})", cache.display(), backing.display());
-                let mut r = measure_hybrid(c, b, &name, duration, args.json)?;
-                compare_with_raw(&mut r, &results, &cache.display().to_string(), "o_direct");
-                results.push(r);
+                keep.extend([cache_file, backing_file]);
+                let mut r = hybrid_runner(c, b, format!("hybrid:{}:{}", cache.name, backing.name))?;
+                r.compare_with = Some((format!("emulated:{}", cache.name), "emulated"));
+                runners.push(r);
             }
         }
     }
-    let report = FsyncReport { results };
+    if let (Some(cache), Some(backing)) = (&args.cache, &args.backing) {
+        // The cache file is formatted and in use by the hybrid, so the raw comparison runs on
+        // a preconditioned file beside it: same file system, same device.
+        let raw = PathBuf::from(format!("{}.raw-bench", cache.display()));
+        std::fs::File::create(&raw).with_context(|| format!("creating {}", raw.display()))?.set_len(RAW_FILE_BYTES)?;
+        cleanup.push(RemoveOnDrop(raw.clone()));
+        crate::devices::precondition_file(&raw, RAW_FILE_BYTES, args.json)?;
+        runners.extend(path_runners(&raw)?);
+        // Formatted anyway: written in full first, as a deployed cache file would be.
+        if std::fs::metadata(cache)?.is_file() {
+            crate::devices::precondition_file(cache, std::fs::metadata(cache)?.len(), args.json)?;
+        }
+        let c: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(cache)?);
+        let b: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(backing)?);
+        let mut r = hybrid_runner(c, b, format!("hybrid ({} over {})", cache.display(), backing.display()))?;
+        r.compare_with = Some((raw.display().to_string(), "o_direct"));
+        runners.push(r);
+    }
+
+    // Interleaved rounds: every target runs a slice per round, so a machine whose speed
+    // drifts affects all of them alike; the rate reported is the median round.
+    let rounds = args.rounds.max(1);
+    let slice = Duration::from_secs_f64(args.seconds / f64::from(rounds));
+    let progress = progress_bar("measuring", Duration::from_secs_f64(args.seconds * runners.len() as f64), args.json);
+    let mut hists: Vec<Histogram<u64>> = runners.iter().map(|_| latency_histogram()).collect();
+    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); runners.len()];
+    let mut totals = vec![(0u64, 0f64); runners.len()];
+    for _ in 0..rounds {
+        for (i, r) in runners.iter().enumerate() {
+            progress.set_prefix(r.name.clone());
+            let (n, secs) = measure_slice(r, slice, &mut hists[i])?;
+            rates[i].push(n as f64 / secs);
+            totals[i].0 += n;
+            totals[i].1 += secs;
+            progress.inc(slice.as_millis() as u64);
+        }
+    }
+    progress.finish_and_clear();
+    let mut results: Vec<FsyncResult> = runners
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let h = &hists[i];
+            FsyncResult {
+                target: r.name.clone(),
+                io_mode: r.io_mode,
+                fsyncs_per_second: round1(median(&mut rates[i])),
+                latency_us_p50: round1(quantile_us(h, 0.50)),
+                latency_us_p99: round1(quantile_us(h, 0.99)),
+                latency_us_p999: round1(quantile_us(h, 0.999)),
+                latency_us_max: round1(h.max() as f64 / 1000.0),
+                iterations: totals[i].0,
+                seconds: (totals[i].1 * 1000.0).round() / 1000.0,
+                documented_fsyncs_per_second: r.documented,
+                raw_cache_target: None,
+                ratio_to_raw_cache: None,
+            }
+        })
+        .collect();
+    for (i, r) in runners.iter().enumerate() {
+        if let Some((raw, mode)) = &r.compare_with {
+            let base = results.iter().find(|x| &x.target == raw && x.io_mode == *mode).map(|x| x.fsyncs_per_second);
+            if let Some(base) = base {
+                results[i].raw_cache_target = Some(format!("{raw} ({mode})"));
+                results[i].ratio_to_raw_cache = Some((results[i].fsyncs_per_second / base * 1000.0).round() / 1000.0);
+            }
+        }
+    }
+    drop(runners);
+    drop(cleanup);
+    drop(keep);
+    let report = FsyncReport { rounds, results };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print!("{}", render_table(&report));
     }
     Ok(())
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+/// Runs the "write 4 KiB at offset 0, flush" loop for `duration`; returns (iterations, seconds).
+fn measure_slice(r: &Runner, duration: Duration, hist: &mut Histogram<u64>) -> Result<(u64, f64)> {
+    let mut buf = AlignedBuf::new(WRITE_BYTES);
+    buf.fill(0x5a);
+    // One warm-up iteration per slice, not counted.
+    (r.write)(&buf).with_context(|| format!("{}: writing", r.name))?;
+    (r.flush)().with_context(|| format!("{}: flushing", r.name))?;
+    let start = Instant::now();
+    let mut n: u64 = 0;
+    while start.elapsed() < duration {
+        let t0 = Instant::now();
+        buf[0] = buf[0].wrapping_add(1); // every write carries new data
+        (r.write)(&buf).with_context(|| format!("{}: writing", r.name))?;
+        (r.flush)().with_context(|| format!("{}: flushing", r.name))?;
+        hist.saturating_record(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1));
+        n += 1;
+    }
+    Ok((n, start.elapsed().as_secs_f64()))
 }
 
 /// Where emulated devices keep their data: memory (/dev/shm) when available, so that the
@@ -235,43 +387,6 @@ pub(crate) fn preconditioned_temp_file(len: u64) -> Result<tempfile::NamedTempFi
     Ok(file)
 }
 
-/// Fills in the ratio of a hybrid row to the raw cache device's row of the same run.
-fn compare_with_raw(r: &mut FsyncResult, earlier: &[FsyncResult], raw: &str, io_mode: &str) {
-    if let Some(base) = earlier.iter().find(|x| x.target == raw && x.io_mode == io_mode) {
-        r.raw_cache_target = Some(format!("{raw} ({io_mode})"));
-        r.ratio_to_raw_cache = Some((r.fsyncs_per_second / base.fsyncs_per_second * 1000.0).round() / 1000.0);
-    }
-}
-
-/// Formats a fresh hybrid volume on `cache` and `backing` and measures it.
-fn measure_hybrid(
-    cache: Arc<dyn BlockDevice>,
-    backing: Arc<dyn BlockDevice>,
-    name: &str,
-    duration: Duration,
-    quiet: bool,
-) -> Result<FsyncResult> {
-    create(&*cache, &*backing, &CreateOptions::default()).with_context(|| format!("{name}: formatting"))?;
-    let (volume, _) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
-    let volume = Arc::new(volume);
-    let _background = Background::start(&volume);
-    measure(name, "hybrid", duration, quiet, &|buf| volume.write(0, buf).map_err(anyhow::Error::from), &|| {
-        volume.flush().map_err(anyhow::Error::from)
-    })
-}
-
-fn measure_device(
-    dev: &dyn BlockDevice,
-    name: &str,
-    io_mode: &'static str,
-    duration: Duration,
-    quiet: bool,
-) -> Result<FsyncResult> {
-    measure(name, io_mode, duration, quiet, &|buf| dev.write_at(0, buf).map_err(anyhow::Error::from), &|| {
-        dev.flush().map_err(anyhow::Error::from)
-    })
-}
-
 fn render_table(report: &FsyncReport) -> String {
     let mut t = Table::new(&[
         "target",
@@ -302,59 +417,6 @@ fn render_table(report: &FsyncReport) -> String {
         ]);
     }
     t.render()
-}
-
-type WriteFn<'a> = &'a dyn Fn(&[u8]) -> Result<()>;
-type FlushFn<'a> = &'a dyn Fn() -> Result<()>;
-
-/// Runs the "write 4 KiB at offset 0, flush" loop for `duration`.
-fn measure(
-    name: &str,
-    io_mode: &'static str,
-    duration: Duration,
-    quiet: bool,
-    write: WriteFn<'_>,
-    flush: FlushFn<'_>,
-) -> Result<FsyncResult> {
-    let mut buf = AlignedBuf::new(WRITE_BYTES);
-    buf.fill(0x5a);
-    let progress = progress_bar(name, duration, quiet);
-    // One warm-up iteration: opens the path through the kernel and the model's queues.
-    write(&buf).with_context(|| format!("{name}: writing"))?;
-    flush().with_context(|| format!("{name}: flushing"))?;
-    let mut hist = latency_histogram();
-    let start = Instant::now();
-    let mut iterations: u64 = 0;
-    let mut last_tick = start;
-    while start.elapsed() < duration {
-        let t0 = Instant::now();
-        buf[0] = buf[0].wrapping_add(1); // every write carries new data
-        write(&buf).with_context(|| format!("{name}: writing"))?;
-        flush().with_context(|| format!("{name}: flushing"))?;
-        let ns = u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX).max(1);
-        hist.saturating_record(ns);
-        iterations += 1;
-        if last_tick.elapsed() > Duration::from_millis(100) {
-            progress.set_position(start.elapsed().as_millis() as u64);
-            last_tick = Instant::now();
-        }
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    progress.finish_and_clear();
-    Ok(FsyncResult {
-        target: name.to_string(),
-        io_mode,
-        fsyncs_per_second: round1(iterations as f64 / seconds),
-        latency_us_p50: round1(quantile_us(&hist, 0.50)),
-        latency_us_p99: round1(quantile_us(&hist, 0.99)),
-        latency_us_p999: round1(quantile_us(&hist, 0.999)),
-        latency_us_max: round1(hist.max() as f64 / 1000.0),
-        iterations,
-        seconds: (seconds * 1000.0).round() / 1000.0,
-        documented_fsyncs_per_second: None,
-        raw_cache_target: None,
-        ratio_to_raw_cache: None,
-    })
 }
 
 pub(crate) fn progress_bar(name: &str, duration: Duration, quiet: bool) -> ProgressBar {
