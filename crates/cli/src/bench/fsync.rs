@@ -141,9 +141,12 @@ struct Runner {
     documented: Option<f64>,
     /// (target name, io mode) of the raw cache device row this one is compared with.
     compare_with: Option<(String, &'static str)>,
-    write: Box<dyn Fn(&[u8]) -> Result<()>>,
-    flush: Box<dyn Fn() -> Result<()>>,
+    write: WriteFn,
+    flush: FlushFn,
 }
+
+type WriteFn = Box<dyn Fn(&[u8]) -> Result<()>>;
+type FlushFn = Box<dyn Fn() -> Result<()>>;
 
 /// Removes a file when dropped (the raw-comparison file beside a real cache file).
 struct RemoveOnDrop(PathBuf);
