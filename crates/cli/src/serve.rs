@@ -34,6 +34,9 @@ pub struct ServeArgs {
     /// Serve over NBD: unix:SOCKET, tcp:PORT (loopback), or tcp:HOST:PORT. Repeatable.
     #[arg(long, value_name = "ENDPOINT")]
     nbd: Vec<String>,
+    /// Serve the volume as the file MOUNTDIR/volume through FUSE (for losetup --direct-io=on).
+    #[arg(long, value_name = "MOUNTDIR")]
+    fuse: Option<PathBuf>,
     /// The NBD export name (clients may also ask for "").
     #[arg(long, default_value = "tiercache")]
     export_name: String,
@@ -81,8 +84,13 @@ fn parse_endpoint(e: &str) -> Result<tiercache_nbd::Listener> {
 }
 
 pub fn serve_cmd(args: ServeArgs) -> Result<()> {
-    if args.nbd.is_empty() {
-        bail!("nothing to serve: give at least one --nbd endpoint");
+    if args.nbd.is_empty() && args.fuse.is_none() {
+        bail!("nothing to serve: give --nbd ENDPOINT and/or --fuse MOUNTDIR");
+    }
+    if let Some(dir) = &args.fuse {
+        if !dir.is_dir() {
+            bail!("--fuse {}: not a directory", dir.display());
+        }
     }
     let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
     let backing = DeviceSpec::parse(&args.backing)?.open("backing")?;
@@ -112,12 +120,23 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         tracing::info!(%endpoint, export = %config.export_name, "serving NBD");
         threads.push(std::thread::spawn(move || tiercache_nbd::serve(listener, backend, config, stop)));
     }
+    let fuse_session = match &args.fuse {
+        Some(dir) => Some(
+            tiercache_fuse::mount(Arc::clone(&volume), dir)
+                .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
+        ),
+        None => None,
+    };
+    let mut endpoints = args.nbd.clone();
+    if let Some(dir) = &args.fuse {
+        endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
+    }
     eprintln!(
         "tiercache: serving {} ({} cached, {} dirty) on {}; control socket {}",
         args.cache,
         crate::volume_cmds::human_bytes(status.cached_bytes),
         crate::volume_cmds::human_bytes(status.dirty_bytes),
-        args.nbd.join(", "),
+        endpoints.join(", "),
         control_path.display()
     );
     while !stop.load(Ordering::Relaxed) {
@@ -135,6 +154,12 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     for t in threads {
         if let Ok(Err(e)) = t.join() {
             tracing::warn!(error = %e, "NBD listener");
+        }
+    }
+    if let Some(session) = fuse_session {
+        tracing::info!("unmounting FUSE");
+        if let Err(e) = session.umount_and_join() {
+            tracing::warn!(error = %e, "FUSE unmount");
         }
     }
     drop(background);
