@@ -26,11 +26,15 @@ Stop with SIGTERM or Ctrl-C: clients are disconnected and everything is made dur
 `tiercache status --cache DEVICE` works while this runs (through the control socket).")]
 pub struct ServeArgs {
     /// The cache device: PATH, or emulated:PROFILE:PATH.
-    #[arg(long, value_name = "DEVICE")]
-    cache: String,
+    #[arg(long, value_name = "DEVICE", required_unless_present = "passthrough")]
+    cache: Option<String>,
     /// The backing device.
-    #[arg(long, value_name = "DEVICE")]
-    backing: String,
+    #[arg(long, value_name = "DEVICE", required_unless_present = "passthrough")]
+    backing: Option<String>,
+    /// Serve DEVICE itself through --fuse, with no cache: the baseline a benchmark compares
+    /// the hybrid volume with, through the very same frontend.
+    #[arg(long, value_name = "DEVICE", conflicts_with_all = ["cache", "backing", "nbd"], requires = "fuse")]
+    passthrough: Option<String>,
     /// Serve over NBD: unix:SOCKET, tcp:PORT (loopback), or tcp:HOST:PORT. Repeatable.
     #[arg(long, value_name = "ENDPOINT")]
     nbd: Vec<String>,
@@ -83,7 +87,28 @@ fn parse_endpoint(e: &str) -> Result<tiercache_nbd::Listener> {
     bail!("'{e}': an NBD endpoint is unix:SOCKET, tcp:PORT or tcp:HOST:PORT")
 }
 
+/// Serves a plain device through FUSE until SIGTERM (no cache, no control socket).
+fn passthrough_cmd(spec: &str, dir: &Path) -> Result<()> {
+    let dev = DeviceSpec::parse(spec)?.open("passthrough")?;
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
+        signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
+    }
+    let session = tiercache_fuse::mount(Arc::new(tiercache_fuse::Passthrough::new(dev)), dir)
+        .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?;
+    eprintln!("tiercache: serving {spec} without a cache on FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME);
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    session.umount_and_join().context("unmounting FUSE")?;
+    Ok(())
+}
+
 pub fn serve_cmd(args: ServeArgs) -> Result<()> {
+    if let Some(spec) = &args.passthrough {
+        return passthrough_cmd(spec, args.fuse.as_deref().expect("clap requires --fuse"));
+    }
+    let (cache_spec, backing_spec) = (args.cache.clone().expect("clap"), args.backing.clone().expect("clap"));
     if args.nbd.is_empty() && args.fuse.is_none() {
         bail!("nothing to serve: give --nbd ENDPOINT and/or --fuse MOUNTDIR");
     }
@@ -92,8 +117,8 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
             bail!("--fuse {}: not a directory", dir.display());
         }
     }
-    let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
-    let backing = DeviceSpec::parse(&args.backing)?.open("backing")?;
+    let cache = DeviceSpec::parse(&cache_spec)?.open("cache")?;
+    let backing = DeviceSpec::parse(&backing_spec)?.open("backing")?;
     let listeners = args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?;
     let (volume, report) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
     tracing::info!(
@@ -122,7 +147,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     }
     let fuse_session = match &args.fuse {
         Some(dir) => Some(
-            tiercache_fuse::mount(Arc::clone(&volume), dir)
+            tiercache_fuse::mount(Arc::clone(&volume) as Arc<dyn tiercache_fuse::FileBackend>, dir)
                 .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
         ),
         None => None,
@@ -133,7 +158,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     }
     eprintln!(
         "tiercache: serving {} ({} cached, {} dirty) on {}; control socket {}",
-        args.cache,
+        cache_spec,
         crate::volume_cmds::human_bytes(status.cached_bytes),
         crate::volume_cmds::human_bytes(status.dirty_bytes),
         endpoints.join(", "),
@@ -189,8 +214,8 @@ fn answer_control(conn: UnixStream, volume: &Volume) -> Result<()> {
 }
 
 /// Asks a running server for the volume's status (`None` if no server answers).
-pub fn query_status(uuid: &str) -> Option<serde_json::Value> {
-    let mut conn = UnixStream::connect(default_control_path(uuid)).ok()?;
+pub fn query_status(socket: &Path) -> Option<serde_json::Value> {
+    let mut conn = UnixStream::connect(socket).ok()?;
     conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
     writeln!(conn, "status").ok()?;
     let mut line = String::new();

@@ -157,6 +157,10 @@ pub struct StatusArgs {
     /// The cache device: PATH, or emulated:PROFILE:PATH.
     #[arg(long, value_name = "DEVICE")]
     cache: String,
+    /// The control socket of a server started with `serve --control PATH` (the default
+    /// one is found from the cache device's UUID).
+    #[arg(long, value_name = "PATH")]
+    control: Option<std::path::PathBuf>,
     #[arg(long)]
     json: bool,
 }
@@ -174,7 +178,8 @@ pub fn status_cmd(args: StatusArgs) -> Result<()> {
             )?;
             let sb = read_superblock(&dev)?;
             let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
-            let v = crate::serve::query_status(&uuid).with_context(|| {
+            let socket = args.control.clone().unwrap_or_else(|| crate::serve::default_control_path(&uuid));
+            let v = crate::serve::query_status(&socket).with_context(|| {
                 format!("{} is in use, but no tiercache server answers on its control socket", spec.path().display())
             })?;
             if args.json {

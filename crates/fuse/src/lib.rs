@@ -26,15 +26,98 @@ const FILE_INO: INodeNo = INodeNo(2);
 /// Attributes never change (size is fixed), so the kernel may cache them.
 const TTL: Duration = Duration::from_secs(3600);
 
+/// What the FUSE file exposes: the hybrid volume, or (for side-by-side benchmarks) a plain
+/// device with no cache. Errors are errno values.
+pub trait FileBackend: Send + Sync + 'static {
+    fn size_bytes(&self) -> u64;
+    fn block_size(&self) -> u32;
+    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32>;
+    fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), i32>;
+    fn flush(&self) -> Result<(), i32>;
+}
+
+fn errno(e: tiercache_engine::EngineError) -> i32 {
+    tracing::debug!(error = %e, "FUSE request failed");
+    e.errno()
+}
+
+impl FileBackend for Volume {
+    fn size_bytes(&self) -> u64 {
+        Volume::size_bytes(self)
+    }
+    fn block_size(&self) -> u32 {
+        Volume::block_size(self)
+    }
+    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
+        Volume::read_bytes(self, offset, buf).map_err(errno)
+    }
+    fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), i32> {
+        Volume::write_bytes(self, offset, data).map_err(errno)
+    }
+    fn flush(&self) -> Result<(), i32> {
+        Volume::flush(self).map_err(errno)
+    }
+}
+
+/// A plain device behind the FUSE file, with no cache: the baseline of a benchmark.
+pub struct Passthrough {
+    dev: Arc<dyn tiercache_device::BlockDevice>,
+    rmw: std::sync::Mutex<()>,
+}
+
+impl Passthrough {
+    pub fn new(dev: Arc<dyn tiercache_device::BlockDevice>) -> Passthrough {
+        Passthrough { dev, rmw: std::sync::Mutex::new(()) }
+    }
+
+    /// The block-aligned span around a byte range.
+    fn span(&self, offset: u64, len: usize) -> (u64, u64) {
+        let bs = u64::from(self.dev.logical_block_size());
+        (offset / bs * bs, (offset + len as u64).div_ceil(bs) * bs)
+    }
+}
+
+impl FileBackend for Passthrough {
+    fn size_bytes(&self) -> u64 {
+        self.dev.size_bytes()
+    }
+    fn block_size(&self) -> u32 {
+        self.dev.logical_block_size()
+    }
+    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
+        let (start, end) = self.span(offset, buf.len());
+        let mut whole = tiercache_device::AlignedBuf::new((end - start).max(1) as usize);
+        self.dev.read_at(start, &mut whole[..(end - start) as usize]).map_err(|e| e.errno())?;
+        let at = (offset - start) as usize;
+        buf.copy_from_slice(&whole[at..at + buf.len()]);
+        Ok(())
+    }
+    fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), i32> {
+        let (start, end) = self.span(offset, data.len());
+        if start == offset && end == offset + data.len() as u64 {
+            return self.dev.write_at(offset, data).map_err(|e| e.errno());
+        }
+        let _rmw = self.rmw.lock().expect("rmw lock");
+        let mut whole = vec![0u8; (end - start) as usize];
+        self.read_bytes(start, &mut whole)?;
+        let at = (offset - start) as usize;
+        whole[at..at + data.len()].copy_from_slice(data);
+        self.dev.write_at(start, &whole).map_err(|e| e.errno())
+    }
+    fn flush(&self) -> Result<(), i32> {
+        self.dev.flush().map_err(|e| e.errno())
+    }
+}
+
 pub struct VolumeFs {
-    volume: Arc<Volume>,
+    volume: Arc<dyn FileBackend>,
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
 }
 
 impl VolumeFs {
-    pub fn new(volume: Arc<Volume>) -> VolumeFs {
+    pub fn new(volume: Arc<dyn FileBackend>) -> VolumeFs {
         // SAFETY: getuid/getgid have no preconditions and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         VolumeFs { volume, uid, gid, mounted_at: SystemTime::now() }
@@ -66,9 +149,8 @@ impl VolumeFs {
         })
     }
 
-    fn errno(e: tiercache_engine::EngineError) -> Errno {
-        tracing::debug!(error = %e, "FUSE request failed");
-        Errno::from_i32(e.errno())
+    fn errno(e: i32) -> Errno {
+        Errno::from_i32(e)
     }
 
     /// Clamps a request to the volume: reads past the end are short (file semantics).
@@ -214,16 +296,15 @@ impl Filesystem for VolumeFs {
         if !zero || len == 0 {
             return reply.ok(); // allocation: every byte of the volume already exists
         }
-        let bs = u64::from(self.volume.block_size());
-        let (start, end) = (offset.div_ceil(bs) * bs, (offset + len) / bs * bs);
+        // Zeroes written in chunks of at most 1 MiB (bounded memory).
+        let chunk = 1u64 << 20;
+        let zeroes = vec![0u8; chunk.min(len) as usize];
         let mut r = Ok(());
-        if end > start {
-            r = self.volume.write_zeroes(start, end - start);
-        }
-        for (a, b) in [(offset, start.min(offset + len)), (end.max(offset), offset + len)] {
-            if r.is_ok() && b > a {
-                r = self.volume.write_bytes(a, &vec![0u8; (b - a) as usize]);
-            }
+        let mut done = 0;
+        while r.is_ok() && done < len {
+            let n = chunk.min(len - done);
+            r = self.volume.write_bytes(offset + done, &zeroes[..n as usize]);
+            done += n;
         }
         match r {
             Ok(()) => reply.ok(),
@@ -256,7 +337,7 @@ impl Filesystem for VolumeFs {
 }
 
 /// Mounts the volume at `mountdir`; unmounted when the returned session is dropped.
-pub fn mount(volume: Arc<Volume>, mountdir: &std::path::Path) -> std::io::Result<fuser::BackgroundSession> {
+pub fn mount(volume: Arc<dyn FileBackend>, mountdir: &std::path::Path) -> std::io::Result<fuser::BackgroundSession> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName("tiercache".into()),
