@@ -128,7 +128,8 @@ fn qemu_io_nbdinfo_nbdcopy_sigkill_restart_and_sigterm() {
     for flag in ["can_flush", "can_fua", "can_trim", "can_zero", "can_multi_conn"] {
         assert_eq!(export[flag], true, "{flag}: {export}");
     }
-    assert_eq!(export["block_size_minimum"], 4096);
+    assert_eq!(export["block_size_minimum"], 512);
+    assert_eq!(export["block_size_preferred"], 4096);
 
     qemu_io(
         &s.uri(),

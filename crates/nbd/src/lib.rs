@@ -301,7 +301,10 @@ fn handshake(s: &mut dyn Stream, backend: &dyn Backend, config: &Config) -> io::
                 export.extend_from_slice(&transmission_flags().to_be_bytes());
                 reply(s, REP_INFO, &export)?;
                 let mut block = INFO_BLOCK_SIZE.to_be_bytes().to_vec();
-                block.extend_from_slice(&backend.block_size().to_be_bytes()); // minimum
+                // Minimum: a sector. Any alignment works (partial blocks are read-modified-
+                // written), and strict clients (libnbd, behind a 512-byte loop device) refuse
+                // requests finer than the minimum. Preferred: the volume's block.
+                block.extend_from_slice(&MIN_BLOCK_BYTES.to_be_bytes()); // minimum
                 block.extend_from_slice(&backend.block_size().to_be_bytes()); // preferred
                 block.extend_from_slice(&MAX_REQUEST_BYTES.to_be_bytes()); // maximum
                 reply(s, REP_INFO, &block)?;

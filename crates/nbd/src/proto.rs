@@ -67,6 +67,8 @@ pub const ENOTSUP: u32 = 95;
 
 /// Longest option payload accepted (the spec bounds strings at 4096 bytes).
 pub const MAX_OPTION_BYTES: u32 = 8192;
+/// The minimum block size advertised (a sector).
+pub const MIN_BLOCK_BYTES: u32 = 512;
 /// Largest read or write payload accepted (advertised as the maximum block size).
 pub const MAX_REQUEST_BYTES: u32 = 32 << 20;
 
