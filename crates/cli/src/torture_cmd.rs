@@ -35,6 +35,7 @@ pub struct TortureArgs {
     /// Break the commit protocol on purpose, to see the simulator catch it.
     #[arg(long, hide = true, value_parser = parse_sabotage)]
     sabotage: Option<Sabotage>,
+    /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }

@@ -46,6 +46,7 @@ pub struct CreateArgs {
     /// (faster to create; its first pass through the log then pays file-system allocation).
     #[arg(long)]
     sparse: bool,
+    /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -161,6 +162,7 @@ pub struct StatusArgs {
     /// one is found from the cache device's UUID).
     #[arg(long, value_name = "PATH")]
     control: Option<std::path::PathBuf>,
+    /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }
@@ -249,21 +251,34 @@ pub fn status_cmd(args: StatusArgs) -> Result<()> {
     Ok(())
 }
 
+/// The two devices of a volume, as the commands that attach both take them.
 #[derive(Debug, Args)]
-pub struct CheckArgs {
+pub struct VolumeDevices {
     /// The cache device: PATH, or emulated:PROFILE:PATH.
     #[arg(long, value_name = "DEVICE")]
     cache: String,
-    /// The backing device; clean cached blocks are compared with it.
+    /// The backing device the cache was created for.
     #[arg(long, value_name = "DEVICE")]
     backing: String,
+}
+
+impl VolumeDevices {
+    fn open(&self) -> Result<(Arc<dyn tiercache_device::BlockDevice>, Arc<dyn tiercache_device::BlockDevice>)> {
+        Ok((DeviceSpec::parse(&self.cache)?.open("cache")?, DeviceSpec::parse(&self.backing)?.open("backing")?))
+    }
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    devices: VolumeDevices,
+    /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn check_cmd(args: CheckArgs) -> Result<()> {
-    let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
-    let backing = DeviceSpec::parse(&args.backing)?.open("backing")?;
+    let (cache, backing) = args.devices.open()?;
     let volume = Volume::inspect(cache, Some(backing), Arc::new(MonotonicClock::new()))?;
     let pb = progress("checking", args.json);
     let report = volume.verify(true, |done, total| {
@@ -296,19 +311,15 @@ pub fn check_cmd(args: CheckArgs) -> Result<()> {
 
 #[derive(Debug, Args)]
 pub struct FlushArgs {
-    /// The cache device: PATH, or emulated:PROFILE:PATH.
-    #[arg(long, value_name = "DEVICE")]
-    cache: String,
-    /// The backing device.
-    #[arg(long, value_name = "DEVICE")]
-    backing: String,
+    #[command(flatten)]
+    devices: VolumeDevices,
+    /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn flush_cmd(args: FlushArgs) -> Result<()> {
-    let cache = DeviceSpec::parse(&args.cache)?.open("cache")?;
-    let backing = DeviceSpec::parse(&args.backing)?.open("backing")?;
+    let (cache, backing) = args.devices.open()?;
     let started = std::time::Instant::now();
     let (volume, _) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
     let dirty = volume.status().dirty_blocks;

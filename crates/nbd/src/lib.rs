@@ -124,29 +124,24 @@ trait Stream: Read + Write + Send + 'static {
     fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
 }
 
-impl Stream for std::os::unix::net::UnixStream {
-    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn shutdown_both(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Both);
-    }
-    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(t)
-    }
+// Unix and TCP streams have the same inherent methods but no common trait for them.
+macro_rules! impl_stream {
+    ($t:ty) => {
+        impl Stream for $t {
+            fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
+                Ok(Box::new(self.try_clone()?))
+            }
+            fn shutdown_both(&self) {
+                let _ = self.shutdown(std::net::Shutdown::Both);
+            }
+            fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+                self.set_read_timeout(t)
+            }
+        }
+    };
 }
-
-impl Stream for std::net::TcpStream {
-    fn try_clone_box(&self) -> io::Result<Box<dyn Stream>> {
-        Ok(Box::new(self.try_clone()?))
-    }
-    fn shutdown_both(&self) {
-        let _ = self.shutdown(std::net::Shutdown::Both);
-    }
-    fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
-        self.set_read_timeout(t)
-    }
-}
+impl_stream!(std::os::unix::net::UnixStream);
+impl_stream!(std::net::TcpStream);
 
 /// How long a client may take to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);

@@ -42,6 +42,7 @@ pub struct RandwriteArgs {
     /// Real backing file (its first --span bytes are overwritten by write-back).
     #[arg(long, requires = "cache")]
     backing: Option<PathBuf>,
+    /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }

@@ -30,6 +30,7 @@ pub struct RecoveryArgs {
     /// Directory for the cache and backing files (real files, O_DIRECT).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }
