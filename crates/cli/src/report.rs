@@ -1,6 +1,31 @@
 //! Report helpers shared by the commands: latency histograms and plain-text tables.
 
 use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// What a progress bar counts.
+pub enum Progress {
+    /// Items (blocks, cycles, bytes): position / length and an ETA.
+    Count,
+    /// Time: the length is in milliseconds; shows the elapsed time.
+    Time,
+}
+
+/// A progress bar on stderr (indicatif hides it when stderr is not a terminal); `quiet`
+/// (--json) hides it always.
+pub fn progress_bar(prefix: &str, length: u64, kind: Progress, quiet: bool) -> ProgressBar {
+    let pb = ProgressBar::new(length);
+    if quiet {
+        pb.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    let template = match kind {
+        Progress::Count => "{prefix:>14} [{bar:30}] {pos}/{len} {eta}",
+        Progress::Time => "{prefix:>28} [{bar:30}] {elapsed}",
+    };
+    pb.set_style(ProgressStyle::with_template(template).expect("valid template").progress_chars("=> "));
+    pb.set_prefix(prefix.to_string());
+    pb
+}
 
 /// Latencies in nanoseconds, from 1 ns to 1 hour, 3 significant digits.
 pub fn latency_histogram() -> Histogram<u64> {

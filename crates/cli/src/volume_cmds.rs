@@ -4,7 +4,6 @@ use crate::devices::{parse_percent, parse_size, DeviceSpec};
 use crate::report::Table;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::sync::Arc;
 use tiercache_device::MonotonicClock;
 use tiercache_engine::{create, read_superblock, CreateOptions, Volume, VolumeOptions};
@@ -351,19 +350,9 @@ fn is_locked(e: &anyhow::Error) -> bool {
     })
 }
 
-/// A progress bar on stderr, hidden for --json or when stderr is not a terminal.
-pub fn progress(what: &str, quiet: bool) -> ProgressBar {
-    let pb = ProgressBar::new(0);
-    if quiet {
-        pb.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    pb.set_style(
-        ProgressStyle::with_template("{prefix:>14} [{bar:30}] {pos}/{len} {eta}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    pb.set_prefix(what.to_string());
-    pb
+/// A progress bar that counts items (see `report::progress_bar`).
+pub fn progress(what: &str, quiet: bool) -> indicatif::ProgressBar {
+    crate::report::progress_bar(what, 0, crate::report::Progress::Count, quiet)
 }
 
 pub fn human_bytes(b: u64) -> String {

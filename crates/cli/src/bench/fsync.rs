@@ -6,7 +6,6 @@ use crate::report::{latency_histogram, quantile_us, round1, thousands, Table};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -422,16 +421,7 @@ fn render_table(report: &FsyncReport) -> String {
     t.render()
 }
 
-pub(crate) fn progress_bar(name: &str, duration: Duration, quiet: bool) -> ProgressBar {
-    let pb = ProgressBar::new(duration.as_millis() as u64);
-    if quiet {
-        pb.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    pb.set_style(
-        ProgressStyle::with_template("{prefix:>28} [{bar:30}] {elapsed}")
-            .expect("valid template")
-            .progress_chars("=> "),
-    );
-    pb.set_prefix(name.to_string());
-    pb
+/// A progress bar over a duration (see `report::progress_bar`).
+pub(crate) fn progress_bar(name: &str, duration: Duration, quiet: bool) -> indicatif::ProgressBar {
+    crate::report::progress_bar(name, duration.as_millis() as u64, crate::report::Progress::Time, quiet)
 }
