@@ -62,7 +62,11 @@ fn nix_is_root() -> bool {
 
 /// Binds a Unix socket, replacing a stale socket file (one nobody listens on).
 fn bind_unix(path: &Path) -> Result<UnixListener> {
-    if path.exists() {
+    if let Ok(meta) = std::fs::symlink_metadata(path) {
+        use std::os::unix::fs::FileTypeExt;
+        if !meta.file_type().is_socket() {
+            bail!("{}: exists and is not a socket; refusing to replace it", path.display());
+        }
         if UnixStream::connect(path).is_ok() {
             bail!("{}: another server is listening on this socket", path.display());
         }
@@ -139,13 +143,14 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     control.set_nonblocking(true)?;
     let config = tiercache_nbd::Config { export_name: args.export_name.clone(), ..Default::default() };
     let mut threads = Vec::new();
+    let nbd_stop = Arc::new(AtomicBool::new(false));
     for (endpoint, listener) in args.nbd.iter().zip(listeners) {
         let (backend, config, stop) =
-            (Arc::clone(&volume) as Arc<dyn tiercache_nbd::Backend>, config.clone(), Arc::clone(&stop));
+            (Arc::clone(&volume) as Arc<dyn tiercache_nbd::Backend>, config.clone(), Arc::clone(&nbd_stop));
         tracing::info!(%endpoint, export = %config.export_name, "serving NBD");
         threads.push(std::thread::spawn(move || tiercache_nbd::serve(listener, backend, config, stop)));
     }
-    let fuse_session = match &args.fuse {
+    let mut fuse_session = match &args.fuse {
         Some(dir) => Some(
             tiercache_fuse::mount(Arc::clone(&volume) as Arc<dyn tiercache_fuse::FileBackend>, dir)
                 .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
@@ -164,27 +169,55 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         endpoints.join(", "),
         control_path.display()
     );
-    while !stop.load(Ordering::Relaxed) {
-        match control.accept() {
-            Ok((conn, _)) => {
-                if let Err(e) = answer_control(conn, &volume) {
-                    tracing::debug!(error = %e, "control connection");
+    loop {
+        while !stop.load(Ordering::Relaxed) {
+            match control.accept() {
+                Ok((conn, _)) => {
+                    // Answered on its own thread: a slow client never delays a shutdown.
+                    let v = Arc::clone(&volume);
+                    std::thread::spawn(move || {
+                        if let Err(e) = answer_control(conn, &v) {
+                            tracing::debug!(error = %e, "control connection");
+                        }
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "control socket");
+                    std::thread::sleep(Duration::from_millis(200));
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => tracing::warn!(error = %e, "control socket"),
         }
+        // FUSE first: if its file is still in use (a loop device attached, an open handle),
+        // the volume must not be shut down under it. Keep serving and say why.
+        if let (Some(session), Some(dir)) = (fuse_session.take(), &args.fuse) {
+            match unmount(dir) {
+                Ok(()) => {
+                    tracing::info!("FUSE unmounted");
+                    let _ = session.join();
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                    tracing::error!(
+                        mount = %dir.display(),
+                        "not stopping: the FUSE file is in use (unmount the file system and `losetup -d` the loop device, then signal again)"
+                    );
+                    fuse_session = Some(session);
+                    stop.store(false, Ordering::Relaxed);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "FUSE unmount; trying fusermount");
+                    session.umount_and_join().context("unmounting FUSE")?;
+                }
+            }
+        }
+        break;
     }
     tracing::info!("stopping: disconnecting clients");
+    nbd_stop.store(true, Ordering::Relaxed);
     for t in threads {
         if let Ok(Err(e)) = t.join() {
             tracing::warn!(error = %e, "NBD listener");
-        }
-    }
-    if let Some(session) = fuse_session {
-        tracing::info!("unmounting FUSE");
-        if let Err(e) = session.umount_and_join() {
-            tracing::warn!(error = %e, "FUSE unmount");
         }
     }
     drop(background);
@@ -199,12 +232,25 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     Ok(())
 }
 
-/// The control protocol: one request line ("status"), one JSON reply line.
+/// Unmounts a directory with umount(2); EBUSY means something still uses the mount.
+fn unmount(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(dir.as_os_str().as_bytes()).map_err(std::io::Error::other)?;
+    // SAFETY: umount2 reads the NUL-terminated path, which lives across the call.
+    if unsafe { libc::umount2(c.as_ptr(), 0) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+/// The control protocol: one request line ("status", at most 4 KiB), one JSON reply line.
 fn answer_control(conn: UnixStream, volume: &Volume) -> Result<()> {
+    use std::io::Read;
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = String::new();
-    BufReader::new(&conn).read_line(&mut line)?;
+    BufReader::new((&conn).take(4096)).read_line(&mut line)?;
     let mut w = &conn;
     match line.trim() {
         "status" => writeln!(w, "{}", serde_json::to_string(&volume.status())?)?,

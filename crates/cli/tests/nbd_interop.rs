@@ -251,7 +251,8 @@ fn hostile_clients_get_errors_or_a_disconnect_and_the_server_keeps_serving() {
     let mut c = raw_client(&s.socket());
     assert_eq!(request(&mut c, 0, VOLUME - 4096, 8192), 22, "read past the end: EINVAL");
     assert_eq!(request(&mut c, 0, u64::MAX - 10, 4096), 22, "offset overflow: EINVAL");
-    assert_eq!(request(&mut c, 4, VOLUME, 4096), 28, "trim past the end: ENOSPC");
+    assert_eq!(request(&mut c, 4, VOLUME, 4096), 22, "trim past the end: EINVAL");
+    assert_eq!(request(&mut c, 6, VOLUME, 4096), 28, "write-zeroes past the end: ENOSPC");
     assert_eq!(request(&mut c, 99, 0, 0), 22, "unknown command: EINVAL");
     assert_eq!(request(&mut c, 0, 0, 64 << 20), 75, "read larger than the maximum: EOVERFLOW");
     // Bad magic: the server drops the connection.

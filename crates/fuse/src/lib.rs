@@ -230,6 +230,9 @@ impl Filesystem for VolumeFs {
             return reply.error(Errno::EISDIR);
         }
         let len = self.clamp(offset, u64::from(size));
+        if len == 0 {
+            return reply.data(&[]); // at or past the end: end of file
+        }
         let mut buf = vec![0u8; len as usize];
         match self.volume.read_bytes(offset, &mut buf) {
             Ok(()) => reply.data(&buf),

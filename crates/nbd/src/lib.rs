@@ -11,7 +11,9 @@
 //! Hostile input: every request is validated here (magic, command, bounds, length) and again by
 //! the engine; a malformed request gets the protocol's error reply; a client that breaks
 //! framing (bad magic, oversized payload) is disconnected. No request can reach outside the
-//! volume or make the server allocate more than `MAX_REQUEST_BYTES` per worker.
+//! volume, and request and reply payloads in memory are bounded by a budget shared by all
+//! connections (`INFLIGHT_BUDGET_BYTES`): a client that does not read its replies is slowed
+//! down, not given RAM.
 
 pub mod proto;
 
@@ -35,9 +37,13 @@ pub trait Backend: Send + Sync + 'static {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
 }
 
+/// Maps an engine error to the errno values the NBD protocol allows (EIO for the rest).
 fn errno(e: tiercache_engine::EngineError) -> u32 {
     tracing::debug!(error = %e, "request failed");
-    u32::try_from(e.errno()).unwrap_or(EIO)
+    match u32::try_from(e.errno()).unwrap_or(EIO) {
+        v @ (EPERM | EIO | 12 | EINVAL | ENOSPC | EOVERFLOW | ENOTSUP | 108) => v,
+        _ => EIO,
+    }
 }
 
 impl Backend for Volume {
@@ -143,6 +149,31 @@ macro_rules! impl_stream {
 impl_stream!(std::os::unix::net::UnixStream);
 impl_stream!(std::net::TcpStream);
 
+/// Bytes of request and reply payloads all connections together may hold in memory; a client
+/// that sends large requests without reading replies is slowed down, not given RAM.
+const INFLIGHT_BUDGET_BYTES: u64 = 256 << 20;
+
+/// A counting budget of in-flight payload bytes, shared by all connections.
+struct Budget {
+    free: Mutex<u64>,
+    freed: std::sync::Condvar,
+}
+
+impl Budget {
+    fn take(&self, n: u64) {
+        let mut free = self.free.lock().expect("budget");
+        while *free < n {
+            free = self.freed.wait(free).expect("budget");
+        }
+        *free -= n;
+    }
+
+    fn give(&self, n: u64) {
+        *self.free.lock().expect("budget") += n;
+        self.freed.notify_all();
+    }
+}
+
 /// How long a client may take to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -154,6 +185,7 @@ pub fn serve(listener: Listener, backend: Arc<dyn Backend>, config: Config, stop
         Listener::Tcp(l) => l.set_nonblocking(true)?,
     }
     let active = Arc::new(AtomicUsize::new(0));
+    let budget = Arc::new(Budget { free: Mutex::new(INFLIGHT_BUDGET_BYTES), freed: std::sync::Condvar::new() });
     let mut clients: Vec<(Box<dyn Stream>, std::thread::JoinHandle<()>)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
         let accepted: io::Result<Box<dyn Stream>> = match &listener {
@@ -182,10 +214,11 @@ pub fn serve(listener: Listener, backend: Arc<dyn Backend>, config: Config, stop
             continue;
         }
         let handle = stream.try_clone_box()?;
-        let (backend, config, active2) = (Arc::clone(&backend), config.clone(), Arc::clone(&active));
+        let (backend, config, active2, budget) =
+            (Arc::clone(&backend), config.clone(), Arc::clone(&active), Arc::clone(&budget));
         active.fetch_add(1, Ordering::Relaxed);
         let thread = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
-            if let Err(e) = connection(stream, &*backend, &config) {
+            if let Err(e) = connection(stream, &*backend, &config, &budget) {
                 tracing::debug!(error = %e, "connection ended");
             }
             active2.fetch_sub(1, Ordering::Relaxed);
@@ -324,13 +357,15 @@ fn handshake(s: &mut dyn Stream, backend: &dyn Backend, config: &Config) -> io::
     }
 }
 
-/// Work for a worker: a validated request, with its data for WRITE.
+/// Work for a worker: a validated request, with its data for WRITE, and the payload bytes
+/// of the in-flight budget it holds (given back once replied).
 struct Job {
     req: Request,
     data: Vec<u8>,
+    budget: u64,
 }
 
-fn connection(mut stream: Box<dyn Stream>, backend: &dyn Backend, config: &Config) -> io::Result<()> {
+fn connection(mut stream: Box<dyn Stream>, backend: &dyn Backend, config: &Config, budget: &Budget) -> io::Result<()> {
     stream.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
     if !handshake(&mut *stream, backend, config)? {
         return Ok(());
@@ -339,19 +374,30 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn Backend, config: &Confi
     let writer = Mutex::new(stream.try_clone_box()?);
     let (tx, rx) = mpsc::sync_channel::<Job>(config.workers_per_connection * 2);
     let rx = Mutex::new(rx);
+    let dead = AtomicBool::new(false);
     std::thread::scope(|scope| -> io::Result<()> {
         for _ in 0..config.workers_per_connection.max(1) {
             scope.spawn(|| loop {
+                // Workers drain the queue until it closes, even after the client went away,
+                // so the reader is never left blocked on a full queue.
                 let job = match rx.lock().expect("job queue").recv() {
                     Ok(j) => j,
                     Err(_) => break,
                 };
-                if execute(job, backend, &writer).is_err() {
-                    break; // the client went away
+                let held = job.budget;
+                if dead.load(Ordering::Relaxed) {
+                    budget.give(held);
+                    continue;
                 }
+                if execute(job, backend, &writer).is_err() {
+                    // The client went away: wake the reader (its read fails) and discard the rest.
+                    dead.store(true, Ordering::Relaxed);
+                    writer.lock().expect("writer").shutdown_both();
+                }
+                budget.give(held);
             });
         }
-        let result = transmission(&mut *stream, backend, &writer, &tx);
+        let result = transmission(&mut *stream, backend, &writer, &tx, budget);
         drop(tx); // workers finish the queued requests, then stop
         result
     })
@@ -363,6 +409,7 @@ fn transmission(
     backend: &dyn Backend,
     writer: &Mutex<Box<dyn Stream>>,
     tx: &mpsc::SyncSender<Job>,
+    budget: &Budget,
 ) -> io::Result<()> {
     let size = backend.size_bytes();
     loop {
@@ -377,24 +424,39 @@ fn transmission(
                 // The payload cannot be skipped safely: disconnect (the spec allows it).
                 return Err(protocol_error(format!("write of {} bytes exceeds the maximum", req.length)));
             }
+            budget.take(u64::from(req.length));
             data = vec![0u8; req.length as usize];
-            s.read_exact(&mut data)?;
+            if let Err(e) = s.read_exact(&mut data) {
+                budget.give(u64::from(req.length));
+                return Err(e);
+            }
         }
         let in_range = req.offset.checked_add(u64::from(req.length)).is_some_and(|end| end <= size);
         let error = match req.kind {
             CMD_DISC => return Ok(()),
             CMD_READ if req.length > MAX_REQUEST_BYTES => Some(EOVERFLOW),
             CMD_READ if !in_range => Some(EINVAL),
-            CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES if !in_range => Some(ENOSPC),
+            CMD_WRITE | CMD_WRITE_ZEROES if !in_range => Some(ENOSPC),
+            CMD_TRIM if !in_range => Some(EINVAL),
             CMD_READ | CMD_WRITE | CMD_FLUSH | CMD_TRIM | CMD_WRITE_ZEROES => None,
             _ => Some(EINVAL),
         };
+        let held = if req.kind == CMD_WRITE { u64::from(req.length) } else { 0 };
         if let Some(e) = error {
+            budget.give(held);
             let mut w = writer.lock().expect("writer");
             w.write_all(&encode_simple_reply(e, req.cookie))?;
             continue;
         }
-        if tx.send(Job { req, data }).is_err() {
+        // A READ's reply buffer is budgeted before it is queued.
+        let held = if req.kind == CMD_READ {
+            budget.take(u64::from(req.length));
+            u64::from(req.length)
+        } else {
+            held
+        };
+        if let Err(mpsc::SendError(job)) = tx.send(Job { req, data, budget: held }) {
+            budget.give(job.budget);
             return Ok(());
         }
     }
