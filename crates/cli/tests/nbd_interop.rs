@@ -230,9 +230,13 @@ fn raw_client(sock: &Path) -> UnixStream {
 }
 
 fn request(c: &mut UnixStream, kind: u16, offset: u64, len: u32) -> u32 {
+    request_with_flags(c, 0, kind, offset, len)
+}
+
+fn request_with_flags(c: &mut UnixStream, flags: u16, kind: u16, offset: u64, len: u32) -> u32 {
     let mut r = Vec::new();
     r.extend_from_slice(&0x2560_9513u32.to_be_bytes());
-    r.extend_from_slice(&0u16.to_be_bytes());
+    r.extend_from_slice(&flags.to_be_bytes());
     r.extend_from_slice(&kind.to_be_bytes());
     r.extend_from_slice(&42u64.to_be_bytes());
     r.extend_from_slice(&offset.to_be_bytes());
@@ -254,6 +258,7 @@ fn hostile_clients_get_errors_or_a_disconnect_and_the_server_keeps_serving() {
     assert_eq!(request(&mut c, 4, VOLUME, 4096), 22, "trim past the end: EINVAL");
     assert_eq!(request(&mut c, 6, VOLUME, 4096), 28, "write-zeroes past the end: ENOSPC");
     assert_eq!(request(&mut c, 99, 0, 0), 22, "unknown command: EINVAL");
+    assert_eq!(request_with_flags(&mut c, 1 << 7, 0, 0, 4096), 22, "unknown command flag: EINVAL");
     assert_eq!(request(&mut c, 0, 0, 64 << 20), 75, "read larger than the maximum: EOVERFLOW");
     // Bad magic: the server drops the connection.
     c.write_all(&[0xde; 28]).unwrap();

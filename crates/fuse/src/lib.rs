@@ -292,6 +292,10 @@ impl Filesystem for VolumeFs {
             return reply.error(Errno::EISDIR);
         }
         let len = self.clamp(offset, length);
+        let past_end = offset.checked_add(length).is_none_or(|end| end > self.volume.size_bytes());
+        if past_end && mode & libc::FALLOC_FL_KEEP_SIZE == 0 {
+            return reply.error(Errno::from_i32(libc::ENOSPC)); // the file cannot grow
+        }
         let zero = mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0;
         if mode & !(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE) != 0 {
             return reply.error(Errno::from_i32(libc::EOPNOTSUPP));

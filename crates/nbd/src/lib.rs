@@ -272,7 +272,12 @@ fn handshake(s: &mut dyn Stream, backend: &dyn Backend, config: &Config) -> io::
     }
     let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
     let known = |name: &str| name.is_empty() || name == config.export_name;
+    let started = std::time::Instant::now();
     loop {
+        // One deadline for the whole handshake (the socket's timeout is per read).
+        if started.elapsed() > HANDSHAKE_TIMEOUT {
+            return Err(protocol_error("handshake took too long"));
+        }
         let mut h = [0u8; 16];
         if !read_exact_or_eof(s, &mut h)? {
             return Ok(false);
@@ -434,6 +439,7 @@ fn transmission(
         let in_range = req.offset.checked_add(u64::from(req.length)).is_some_and(|end| end <= size);
         let error = match req.kind {
             CMD_DISC => return Ok(()),
+            _ if req.flags & !(CMD_FLAG_FUA | CMD_FLAG_NO_HOLE) != 0 => Some(EINVAL),
             CMD_READ if req.length > MAX_REQUEST_BYTES => Some(EOVERFLOW),
             CMD_READ if !in_range => Some(EINVAL),
             CMD_WRITE | CMD_WRITE_ZEROES if !in_range => Some(ENOSPC),
