@@ -414,8 +414,7 @@ impl Volume {
 
     /// Writes whole blocks at a logical log position, splitting at the physical end.
     fn write_log(&self, pos: u64, buf: &[u8]) -> std::result::Result<(), tiercache_device::DeviceError> {
-        let blocks = (buf.len() / self.bs) as u64;
-        let first = (self.layout.log_blocks - pos % self.layout.log_blocks).min(blocks) as usize * self.bs;
+        let first = self.layout.blocks_before_wrap(pos, (buf.len() / self.bs) as u64) as usize * self.bs;
         self.cache.write_at(self.layout.log_offset(pos), &buf[..first])?;
         if first < buf.len() {
             self.cache.write_at(self.layout.log_offset(pos + (first / self.bs) as u64), &buf[first..])?;
@@ -507,15 +506,16 @@ impl Volume {
         Ok((offset / bs * bs, end.div_ceil(bs) * bs))
     }
 
-    /// Writes zeroes over a range (NBD WRITE_ZEROES): ordinary writes of zero blocks.
+    /// Writes zeroes over any byte range (NBD WRITE_ZEROES): ordinary writes of zero blocks.
     pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        self.check_request(offset, len)?;
+        self.aligned_span(offset, len)?;
+        // Any byte range: partial edge blocks are read-modified-written by `write_bytes`.
         let chunk = (RECORD_ENTRIES * self.bs) as u64;
         let zeroes = vec![0u8; chunk.min(len) as usize];
         let mut done = 0;
         while done < len {
             let n = chunk.min(len - done);
-            self.write(offset + done, &zeroes[..n as usize])?;
+            self.write_bytes(offset + done, &zeroes[..n as usize])?;
             done += n;
         }
         Ok(())
@@ -1459,8 +1459,7 @@ impl Volume {
 /// Reads whole blocks at a logical log position of `cache`, splitting at the physical end.
 pub(crate) fn read_log(cache: &dyn BlockDevice, layout: &Layout, pos: u64, buf: &mut [u8]) -> Result<()> {
     let bs = layout.block_size as usize;
-    let blocks = (buf.len() / bs) as u64;
-    let first = (layout.log_blocks - pos % layout.log_blocks).min(blocks) as usize * bs;
+    let first = layout.blocks_before_wrap(pos, (buf.len() / bs) as u64) as usize * bs;
     cache.read_at(layout.log_offset(pos), &mut buf[..first]).map_err(EngineError::cache)?;
     if first < buf.len() {
         cache.read_at(layout.log_offset(pos + (first / bs) as u64), &mut buf[first..]).map_err(EngineError::cache)?;

@@ -15,16 +15,16 @@ use tiercache_format::Layout;
 const BS: usize = 4096;
 const BLOCKS: u64 = 96;
 
+/// A block carrying its number and a version (the simulator's encoding).
 fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![(block as u8).wrapping_mul(31) ^ (version as u8); BS];
-    v[..8].copy_from_slice(&block.to_le_bytes());
-    v[8..16].copy_from_slice(&version.to_le_bytes());
+    let mut v = vec![0u8; BS];
+    tiercache_engine::torture::stamp(block, version, &mut v);
     v
 }
 
+/// The version of `block` a read returned, if the data is intact and is that block's.
 fn version_of(block: u64, data: &[u8]) -> Option<u64> {
-    let v = u64::from_le_bytes(data[8..16].try_into().unwrap());
-    (stamp(block, v) == data).then_some(v)
+    tiercache_engine::torture::unstamp(data).and_then(|(b, v)| (b == block).then_some(v))
 }
 
 fn open(cache: &Arc<SimDevice>, backing: &Arc<SimDevice>) -> Volume {
@@ -272,4 +272,10 @@ fn byte_granular_reads_and_writes_modify_only_their_bytes() {
     v.read(0, &mut all).unwrap();
     assert!(all == model, "volume differs from the byte model");
     assert!(v.read_bytes(model.len() as u64 - 10, &mut [0u8; 20]).is_err(), "beyond the end");
+    // Zeroes over an unaligned range touch exactly that range.
+    v.write_zeroes(5000, 10_000).unwrap();
+    model[5000..15_000].fill(0);
+    v.read(0, &mut all).unwrap();
+    assert!(all == model, "write_zeroes over an unaligned range");
+    assert!(v.write_zeroes(model.len() as u64 - 10, 20).is_err(), "zeroes beyond the end");
 }

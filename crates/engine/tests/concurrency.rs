@@ -17,16 +17,16 @@ const BS: usize = 4096;
 const THREADS: u64 = 4;
 const BLOCKS_PER_THREAD: u64 = 48;
 
+/// A block carrying its number and a version (the simulator's encoding).
 fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![(block as u8) ^ (version as u8); BS];
-    v[..8].copy_from_slice(&block.to_le_bytes());
-    v[8..16].copy_from_slice(&version.to_le_bytes());
+    let mut v = vec![0u8; BS];
+    tiercache_engine::torture::stamp(block, version, &mut v);
     v
 }
 
+/// The version of `block` a read returned, if the data is intact and is that block's.
 fn unstamp(block: u64, data: &[u8]) -> Option<u64> {
-    let version = u64::from_le_bytes(data[8..16].try_into().unwrap());
-    (stamp(block, version) == data).then_some(version)
+    tiercache_engine::torture::unstamp(data).and_then(|(b, v)| (b == block).then_some(v))
 }
 
 /// Per block: the last version acknowledged by a FLUSH, and every version written.

@@ -119,6 +119,12 @@ impl Layout {
         self.log_block(pos) * u64::from(self.block_size)
     }
 
+    /// Of `blocks` blocks starting at logical position `pos`, how many lie before the log's
+    /// physical end (a record that wraps is written and read as two pieces).
+    pub fn blocks_before_wrap(&self, pos: u64, blocks: u64) -> u64 {
+        (self.log_blocks - pos % self.log_blocks).min(blocks)
+    }
+
     /// The physical slot (index into the log) of a logical position.
     pub fn slot(&self, pos: u64) -> u32 {
         u32::try_from(pos % self.log_blocks).expect("log_blocks <= MAX_LOG_BLOCKS")

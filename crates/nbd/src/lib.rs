@@ -77,18 +77,7 @@ impl Backend for Volume {
         Ok(())
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
-        let bs = u64::from(Volume::block_size(self));
-        let start = offset.div_ceil(bs) * bs;
-        let end = ((offset + len) / bs * bs).max(start);
-        if end > start {
-            Volume::write_zeroes(self, start, end - start).map_err(errno)?;
-        }
-        // Partial blocks at either edge.
-        for (a, b) in [(offset, start.min(offset + len)), (end.max(offset), offset + len)] {
-            if b > a {
-                self.write_bytes(a, &vec![0u8; (b - a) as usize]).map_err(errno)?;
-            }
-        }
+        Volume::write_zeroes(self, offset, len).map_err(errno)?;
         if fua {
             Volume::flush(self).map_err(errno)?;
         }

@@ -375,17 +375,8 @@ pub(crate) fn temp_file(len: u64) -> Result<tempfile::NamedTempFile> {
 /// block allocation, which the emulated device does not have and the raw-device runs (which
 /// rewrite one block) never pay.
 pub(crate) fn preconditioned_temp_file(len: u64) -> Result<tempfile::NamedTempFile> {
-    use std::io::Write;
-    let mut file =
-        tempfile::NamedTempFile::new_in(emulation_dir()).context("creating a temporary file for an emulated device")?;
-    let chunk = vec![0u8; 1 << 20];
-    let mut left = len;
-    while left > 0 {
-        let n = left.min(chunk.len() as u64) as usize;
-        file.write_all(&chunk[..n]).context("preconditioning the temporary file")?;
-        left -= n as u64;
-    }
-    file.flush()?;
+    let file = temp_file(len)?;
+    crate::devices::precondition_file(file.path(), len, true)?;
     Ok(file)
 }
 
