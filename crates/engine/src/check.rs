@@ -45,7 +45,7 @@ impl Volume {
         let (_, from, tail) = self.log_window();
         // The chain of records recovery replays (checkpoint position to tail) must decode.
         let mut records = 0;
-        match self.walk_log(from, tail, |_, _| records += 1) {
+        match self.walk_records(from, tail, |_, _| records += 1) {
             Ok(end) if end == tail => {}
             Ok(end) => report.problem(format!("record chain ends at {end}, tail is {tail}")),
             Err(e) => report.problem(format!("record chain broken: {e}")),

@@ -812,7 +812,7 @@ impl Volume {
 
     /// Reads record headers from `from` (a record boundary) until reaching `until`; calls
     /// `visit` for each; returns the first boundary at or after `until`.
-    fn walk_records(&self, from: u64, until: u64, mut visit: impl FnMut(u64, &RecordHeader)) -> Result<u64> {
+    pub(crate) fn walk_records(&self, from: u64, until: u64, mut visit: impl FnMut(u64, &RecordHeader)) -> Result<u64> {
         let mut pos = from;
         let mut block = AlignedBuf::new(self.bs);
         while pos < until {
@@ -1443,11 +1443,6 @@ impl Volume {
     pub fn log_window(&self) -> (u64, u64, u64) {
         let st = self.lock();
         (st.head, st.checkpoint_position, st.tail)
-    }
-
-    /// Walks the record headers in `[from, until)` (for `check`); returns where it stopped.
-    pub(crate) fn walk_log(&self, from: u64, until: u64, visit: impl FnMut(u64, &RecordHeader)) -> Result<u64> {
-        self.walk_records(from, until, visit)
     }
 
     /// Every (backing block, entry) in the index (for `check` and tests).
