@@ -148,7 +148,10 @@ fn a_wrong_backing_device_is_refused_and_nothing_changes() {
     *data.last_mut().unwrap() = 1; // same size, different last block
     std::fs::write(&other_content, &data).unwrap();
     let before = (std::fs::read(&f.cache).unwrap(), std::fs::read(&other_content).unwrap());
-    for (other, why) in [(&other_size, "its size is 4194304 bytes"), (&other_content, "last block's checksum")] {
+    for (other, why) in [
+        (&other_size, "its size is 4194304 bytes"),
+        (&other_content, "its block 2047 (bytes 8384512..8388608) has checksum"),
+    ] {
         for cmd in ["flush", "check"] {
             fails_with(&[cmd, "--cache", s(&f.cache), "--backing", s(other)], why);
         }
@@ -180,12 +183,22 @@ fn corrupted_foreign_or_newer_superblocks_are_refused_by_name() {
     for copy in [0u64, BS as u64] {
         let mut sb = vec![0u8; 512];
         gf.read_exact_at(&mut sb, copy).unwrap();
-        sb[16..20].copy_from_slice(&2u32.to_le_bytes());
+        sb[16..20].copy_from_slice(&(tiercache_format::constants::FORMAT_VERSION + 1).to_le_bytes());
         let crc = tiercache_format::checksum(&sb[4..]);
         sb[..4].copy_from_slice(&crc.to_le_bytes());
         gf.write_all_at(&sb, copy).unwrap();
     }
     fails_with(&["status", "--cache", s(&g.cache)], "newer than this build supports");
+    // An older format version: refused by name, with what to do.
+    for copy in [0u64, BS as u64] {
+        let mut sb = vec![0u8; 512];
+        gf.read_exact_at(&mut sb, copy).unwrap();
+        sb[16..20].copy_from_slice(&1u32.to_le_bytes());
+        let crc = tiercache_format::checksum(&sb[4..]);
+        sb[..4].copy_from_slice(&crc.to_le_bytes());
+        gf.write_all_at(&sb, copy).unwrap();
+    }
+    fails_with(&["status", "--cache", s(&g.cache)], "written by an older tiercache");
     // Not a cache at all.
     fails_with(&["status", "--cache", s(&g.backing)], "is not a tiercache cache");
 }

@@ -356,6 +356,10 @@ impl<D: BlockDevice> BlockDevice for EmulatedDevice<D> {
     fn describe(&self) -> String {
         format!("emulated:{} on {}", self.profile.name, self.inner.describe())
     }
+
+    fn identity(&self) -> Option<String> {
+        self.inner.identity()
+    }
 }
 
 /// Waits until `deadline` with an accuracy of a few microseconds: sleeps while the deadline

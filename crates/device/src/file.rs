@@ -48,6 +48,8 @@ pub struct FileDevice {
     size_bytes: u64,
     logical_block_size: u32,
     direct: bool,
+    /// The kernel's stable identity of a block device (see `BlockDevice::identity`).
+    identity: Option<String>,
 }
 
 impl FileDevice {
@@ -121,7 +123,8 @@ impl FileDevice {
         if size_bytes % u64::from(logical_block_size) != 0 {
             return Err(DeviceError::MisalignedSize { path, size_bytes, block_size: logical_block_size });
         }
-        Ok(FileDevice { file, path, size_bytes, logical_block_size, direct: options.direct })
+        let identity = if is_block { block_device_identity(&meta) } else { None };
+        Ok(FileDevice { file, path, size_bytes, logical_block_size, direct: options.direct, identity })
     }
 
     pub fn path(&self) -> &Path {
@@ -266,6 +269,31 @@ impl BlockDevice for FileDevice {
     fn describe(&self) -> String {
         self.path.display().to_string()
     }
+
+    fn identity(&self) -> Option<String> {
+        self.identity.clone()
+    }
+}
+
+/// The stable identity of a block device as sysfs reports it: the WWID (NVMe, and SCSI/SATA
+/// disks with a WWN), else the serial number; for a partition, its disk's identity plus the
+/// partition number. `None` for loop devices and whatever reports neither. Read from sysfs
+/// rather than /dev/disk/by-id, which only exists where udev runs.
+fn block_device_identity(meta: &std::fs::Metadata) -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = meta.rdev();
+    let (major, minor) = (libc::major(rdev), libc::minor(rdev));
+    let dir = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    let read = |p: PathBuf| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    let (disk, partition) = match read(dir.join("partition")) {
+        Some(n) => (dir.join(".."), Some(n)),
+        None => (dir.clone(), None),
+    };
+    let id = ["wwid", "device/wwid", "device/serial", "serial"].iter().find_map(|f| read(disk.join(f)))?;
+    Some(match partition {
+        Some(n) => format!("{id}-part{n}"),
+        None => id,
+    })
 }
 
 // ioctl numbers from <linux/fs.h>; libc does not export them.

@@ -63,6 +63,12 @@ pub trait BlockDevice: Send + Sync {
     fn discard(&self, offset: u64, len: u64) -> Result<()>;
     /// A short human-readable name for messages and reports (a path, `emulated:optane`...).
     fn describe(&self) -> String;
+    /// The stable identity the kernel reports for the hardware behind a block device (its
+    /// WWN or serial number), which survives renumbering (`/dev/sdb` becoming `/dev/sdc`).
+    /// `None` for files, loop devices and anything that reports none.
+    fn identity(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Validates a request against a device's geometry. Every implementation calls it first,

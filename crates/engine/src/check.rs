@@ -20,13 +20,16 @@ pub struct CheckReport {
     pub bad_dirty_blocks: u64,
     /// Clean blocks that differ from the backing device (would change on eviction).
     pub clean_blocks_differing_from_backing: u64,
+    /// Blocks already known lost (their only dirty copy failed its checksum earlier): they
+    /// read as I/O errors until rewritten.
+    pub lost_blocks: u64,
     /// Human-readable descriptions of the first problems found.
     pub problems: Vec<String>,
 }
 
 impl CheckReport {
     pub fn is_clean(&self) -> bool {
-        self.bad_clean_blocks + self.bad_dirty_blocks + self.clean_blocks_differing_from_backing == 0
+        self.bad_clean_blocks + self.bad_dirty_blocks + self.clean_blocks_differing_from_backing + self.lost_blocks == 0
             && self.problems.is_empty()
     }
 
@@ -51,6 +54,15 @@ impl Volume {
             Err(e) => report.problem(format!("record chain broken: {e}")),
         }
         report.log_records = records;
+        let lost = self.lost_blocks();
+        report.lost_blocks = lost.len() as u64;
+        if !lost.is_empty() {
+            report.problem(format!(
+                "{} lost block(s), reading as I/O errors until rewritten: {}",
+                lost.len(),
+                lost.iter().take(32).map(u64::to_string).collect::<Vec<_>>().join(", ")
+            ));
+        }
         let entries = self.index_snapshot();
         report.cached_blocks = entries.len() as u64;
         let bs = self.block_size() as usize;

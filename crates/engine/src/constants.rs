@@ -40,6 +40,9 @@ pub const META_RECORDS_PER_TICK: usize = 64;
 /// to how far dirty data is between the high watermark and a full log.
 pub const MAX_WRITE_DELAY_US: u64 = 20_000;
 
+/// `status` lists at most this many lost blocks by number (the count is always exact).
+pub const STATUS_LOST_BLOCKS_LISTED: usize = 64;
+
 /// How many (log position, time) samples are kept to date the oldest dirty block.
 pub const AGE_SAMPLES: usize = 4096;
 

@@ -43,6 +43,8 @@ pub enum EngineError {
     Poisoned { reason: String },
     #[error("block {block} is lost: its only copy (dirty, on the cache device) failed its checksum")]
     LostBlock { block: u64 },
+    #[error("{count} block(s) lost: their only copy (dirty, on the cache device) failed its checksum, and the backing device holds an older version; they read as I/O errors until rewritten. Blocks: {}", fmt_blocks(blocks))]
+    LostBlocks { count: u64, blocks: Vec<u64> },
     #[error("cache metadata is corrupt: {0}")]
     Corrupt(String),
 }
@@ -65,6 +67,14 @@ impl EngineError {
     pub(crate) fn backing(source: DeviceError) -> EngineError {
         EngineError::Device { role: Role::Backing, source }
     }
+}
+
+fn fmt_blocks(blocks: &[u64]) -> String {
+    let mut s = blocks.iter().take(32).map(u64::to_string).collect::<Vec<_>>().join(", ");
+    if blocks.len() > 32 {
+        s.push_str(", ...");
+    }
+    s
 }
 
 // The engine does no syscalls, so it takes errno values as constants instead of the libc crate.

@@ -56,7 +56,12 @@ pub struct Status {
     pub dirty_low_permille: u16,
     pub dirty_high_permille: u16,
     pub oldest_dirty_age_seconds: Option<f64>,
+    /// Dirty blocks whose only copy failed its checksum: they read as I/O errors until
+    /// rewritten, across restarts.
     pub lost_blocks: u64,
+    /// The first lost blocks, in address order (at most `STATUS_LOST_BLOCKS_LISTED`).
+    #[serde(default)]
+    pub lost_block_numbers: Vec<u64>,
     pub read_hit_ratio: Option<f64>,
     pub index_ram_bytes: u64,
     /// Index RAM divided by the blocks the cache can hold.

@@ -20,12 +20,13 @@
 use crate::error::{EngineError, Result};
 use crate::index::{Index, IndexEntry};
 use crate::volume::{read_log, Recovered, Volume, VolumeOptions};
+use std::collections::HashMap;
 use std::sync::Arc;
 use tiercache_device::{AlignedBuf, BlockDevice, Clock};
 use tiercache_format::constants::*;
 use tiercache_format::{
-    checksum, uuid_low64, CheckpointEntry, CheckpointHeader, EntryKind, FormatError, Layout, RecordHeader, Superblock,
-    VolumeMode,
+    checksum, fingerprint_blocks, uuid_low64, CheckpointEntry, CheckpointHeader, EntryKind, Fingerprint, FormatError,
+    Layout, RecordHeader, Superblock, VolumeMode, FINGERPRINT_BLOCKS,
 };
 
 /// How to format a cache device.
@@ -57,13 +58,16 @@ impl Default for CreateOptions {
     }
 }
 
-/// The CRC of the backing device's last block: its fingerprint.
-fn backing_fingerprint(backing: &dyn BlockDevice, block_size: u32) -> Result<u32> {
+/// The CRCs of the backing device's fingerprint blocks (`Superblock::fingerprint_blocks`).
+fn backing_fingerprints(backing: &dyn BlockDevice, block_size: u32) -> Result<[u32; FINGERPRINT_BLOCKS]> {
     let bs = u64::from(block_size);
     let mut block = AlignedBuf::new(block_size as usize);
-    let last = (backing.size_bytes() / bs - 1) * bs;
-    backing.read_at(last, &mut block).map_err(EngineError::backing)?;
-    Ok(checksum(&block))
+    let mut crcs = [0u32; FINGERPRINT_BLOCKS];
+    for (crc, b) in crcs.iter_mut().zip(fingerprint_blocks(backing.size_bytes() / bs * bs, block_size)) {
+        backing.read_at(b * bs, &mut block).map_err(EngineError::backing)?;
+        *crc = checksum(&block);
+    }
+    Ok(crcs)
 }
 
 /// Formats `cache` as a cache for `backing`. Writes the cache device only: the backing device
@@ -111,12 +115,12 @@ pub fn create(cache: &dyn BlockDevice, backing: &dyn BlockDevice, options: &Crea
         layout,
         mode: VolumeMode::WriteBack,
         backing_size_bytes: backing_size,
-        backing_fingerprint: backing_fingerprint(backing, bs)?,
-        backing_fingerprint_next: None,
+        backing_fingerprints: backing_fingerprints(backing, bs)?.map(|crc| Fingerprint { crc, next: None }),
         dirty_low_permille: options.dirty_low_permille,
         dirty_high_permille: options.dirty_high_permille,
         created_unix_secs: options.created_unix_secs,
         backing_path: options.backing_path.clone(),
+        backing_id: backing.identity().unwrap_or_default(),
     };
     let bsz = bs as usize;
     let uuid_low = uuid_low64(&uuid);
@@ -132,6 +136,7 @@ pub fn create(cache: &dyn BlockDevice, backing: &dyn BlockDevice, options: &Crea
         entry_count: 0,
         entries_crc: checksum(&[]),
         prev_record_checksum: 0,
+        epoch: 0,
     };
     let write = |offset: u64, buf: &[u8]| cache.write_at(offset, buf).map_err(EngineError::cache);
     write(layout.checkpoint_area_start[0] * u64::from(bs), &block)?;
@@ -213,7 +218,7 @@ fn read_checkpoint(
     let start = layout.checkpoint_area_start[area] * bs as u64;
     let mut head = AlignedBuf::new(bs);
     cache.read_at(start, &mut head).map_err(EngineError::cache)?;
-    let header = match CheckpointHeader::decode(&head, uuid_low, layout.log_blocks) {
+    let header = match CheckpointHeader::decode(&head, uuid_low, layout.checkpoint_capacity()) {
         Ok(h) => h,
         Err(e) => return Ok(Err(e.to_string())),
     };
@@ -228,7 +233,7 @@ fn read_checkpoint(
         }
         for chunk in buf[..entry_bytes].chunks(CHECKPOINT_ENTRY_SIZE) {
             match CheckpointEntry::decode(chunk) {
-                Ok(e) if u64::from(e.slot) < layout.log_blocks => entries.push(e),
+                Ok(e) if u64::from(e.slot) < layout.log_blocks || e.lost => entries.push(e),
                 Ok(e) => return Ok(Err(format!("checkpoint area {area}: slot {} beyond the log", e.slot))),
                 Err(e) => return Ok(Err(e.to_string())),
             }
@@ -277,6 +282,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
     let mut seq = ck.next_record_sequence;
     let mut prev = ck.prev_record_checksum;
     let mut head = ck.head_position;
+    let mut epoch = ck.epoch;
     let mut header_block = AlignedBuf::new(bs);
     let mut data = AlignedBuf::new(bs * crate::constants::MAX_RECORD_BLOCKS as usize);
     loop {
@@ -290,6 +296,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
             || h.position != pos
             || h.prev_checksum != prev
             || h.head_position < head
+            || h.epoch < epoch
             || end > h.head_position + log_blocks
             || h.data_blocks() > crate::constants::RECORD_ENTRIES
             || h.entries.iter().any(|e| e.backing_block >= backing_blocks)
@@ -310,6 +317,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
             break; // torn record
         }
         head = h.head_position;
+        epoch = h.epoch;
         prev = RecordHeader::stored_checksum(&header_block);
         seq += 1;
         records.push((pos, h));
@@ -322,7 +330,13 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
     // been reused by the replayed tail, which a position relative to the final tail would
     // not show).
     let mut index = Index::with_capacity(log_blocks as usize);
+    // Lost blocks: backing block -> the position of the copy that failed (0 for tombstones).
+    let mut lost: HashMap<u64, u64> = HashMap::new();
     for e in &entries {
+        if e.lost {
+            lost.insert(e.backing_block, 0);
+            continue;
+        }
         let position = layout.position_of_slot(e.slot, ck.log_position);
         let overwritten = layout.position_of_slot(e.slot, tail) >= ck.log_position;
         if position >= head && !overwritten {
@@ -339,6 +353,9 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
                 EntryKind::DataDirty | EntryKind::DataClean => {
                     let position = pos + 1 + k;
                     k += 1;
+                    if e.kind == EntryKind::DataDirty {
+                        lost.remove(&e.backing_block); // newer data ends a loss
+                    }
                     if position >= head {
                         let entry = IndexEntry {
                             slot: layout.slot(position),
@@ -362,6 +379,11 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
                 EntryKind::Trim => {
                     index.remove(e.backing_block);
                 }
+                EntryKind::Lost => {
+                    // Never written after newer data of the block (see volume.rs, `Lost`).
+                    index.remove(e.backing_block);
+                    lost.insert(e.backing_block, e.ref_position);
+                }
             }
         }
     }
@@ -376,31 +398,45 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
         checkpoint_position: ck.log_position,
         checkpoint_seq: ck.sequence,
         replayed_records: replayed,
+        lost: lost.into_iter().collect(),
+        epoch,
     })
 }
 
-/// Checks that `backing` is the device this cache was formatted for.
+/// Checks that `backing` is the device this cache was formatted for: its size, the stable
+/// identity the kernel reports (where both sides have one), and the CRCs of its fingerprint
+/// blocks (kept current by write-back). A mismatch names what differs.
 fn check_backing(sb: &Superblock, index: &Index, backing: &dyn BlockDevice) -> Result<()> {
-    let wrong = |reason: String| EngineError::WrongBacking { backing: backing.describe(), reason };
+    let formatted_for = if sb.backing_path.is_empty() { "unrecorded".to_string() } else { sb.backing_path.clone() };
+    let wrong = |reason: String| EngineError::WrongBacking {
+        backing: backing.describe(),
+        reason: format!("{reason} (backing path at format time: {formatted_for})"),
+    };
     if backing.size_bytes() != sb.backing_size_bytes {
         return Err(wrong(format!(
-            "its size is {} bytes, the cache was formatted for {} bytes (backing path at format time: {})",
+            "its size is {} bytes, the cache was formatted for {} bytes",
             backing.size_bytes(),
-            sb.backing_size_bytes,
-            if sb.backing_path.is_empty() { "unrecorded" } else { &sb.backing_path }
+            sb.backing_size_bytes
         )));
     }
-    let fp = backing_fingerprint(backing, sb.layout.block_size)?;
-    // A crash while the last block was being written back can leave it torn (matching
-    // neither fingerprint); the cache then still holds it dirty and rewrites it.
-    let last = sb.backing_size_bytes / u64::from(sb.layout.block_size) - 1;
-    let in_flight = sb.backing_fingerprint_next.is_some() && index.get(last).is_some_and(|e| e.dirty);
-    if fp != sb.backing_fingerprint && Some(fp) != sb.backing_fingerprint_next && !in_flight {
-        return Err(wrong(format!(
-            "its last block's checksum is {fp:#010x}, the cache expects {:#010x} (backing path at format time: {})",
-            sb.backing_fingerprint,
-            if sb.backing_path.is_empty() { "unrecorded" } else { &sb.backing_path }
-        )));
+    if let Some(id) = backing.identity() {
+        if !sb.backing_id.is_empty() && id != sb.backing_id {
+            return Err(wrong(format!("its device identity is {id}, the cache was formatted for {}", sb.backing_id)));
+        }
+    }
+    let crcs = backing_fingerprints(backing, sb.layout.block_size)?;
+    for ((f, crc), block) in sb.backing_fingerprints.iter().zip(crcs).zip(sb.fingerprint_blocks()) {
+        // A crash while a fingerprint block was being written back can leave it torn
+        // (matching neither CRC); the cache then still holds it dirty and rewrites it.
+        let in_flight = f.next.is_some() && index.get(block).is_some_and(|e| e.dirty);
+        if crc != f.crc && Some(crc) != f.next && !in_flight {
+            return Err(wrong(format!(
+                "its block {block} (bytes {}..{}) has checksum {crc:#010x}, the cache expects {:#010x}",
+                block * u64::from(sb.layout.block_size),
+                (block + 1) * u64::from(sb.layout.block_size),
+                f.crc
+            )));
+        }
     }
     Ok(())
 }
@@ -428,15 +464,16 @@ impl Volume {
             recovered_blocks: recovered.index.len() as u64,
             recovered_dirty_blocks: recovered.index.dirty_len() as u64,
         };
-        let needs_checkpoint = recovered.replayed_records > 0;
         let volume = Volume::assemble(cache, backing, clock, recovered, options);
         // What was replayed may sit in the device's volatile cache only (after a process
-        // kill); a later FLUSH must not return before it is durable. So flush now, and write
-        // a checkpoint so that the next recovery starts from here.
+        // kill); a later FLUSH must not return before it is durable. So flush, then write a
+        // checkpoint carrying a new epoch before serving anything: records written from now
+        // on differ from every record written before this recovery, so none of those left
+        // beyond the recovered tail can ever chain onto them (docs/format.md, "the
+        // post-recovery chain rule"). The checkpoint also starts the next recovery here.
         volume.cache.flush().map_err(EngineError::cache)?;
-        if needs_checkpoint {
-            volume.checkpoint()?;
-        }
+        volume.begin_epoch();
+        volume.checkpoint()?;
         Ok((volume, report))
     }
 

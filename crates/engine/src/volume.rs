@@ -33,7 +33,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tiercache_device::{AlignedBuf, BlockDevice, Clock};
 use tiercache_format::{
-    checksum, uuid_low64, CheckpointEntry, CheckpointHeader, EntryKind, Layout, RecordEntry, RecordHeader, Superblock,
+    checksum, uuid_low64, CheckpointEntry, CheckpointHeader, EntryKind, Fingerprint, Layout, RecordEntry, RecordHeader,
+    Superblock, FINGERPRINT_BLOCKS,
 };
 
 /// Deliberately broken commit orders, to prove that the torture test catches them. Never set
@@ -48,11 +49,25 @@ pub enum Sabotage {
     ReclaimSkipsMarkerFlush,
     /// Destage marks blocks clean without flushing the backing device.
     DestageSkipsBackingFlush,
+    /// Issue 7, bug 1: write-back marks clean whatever version now sits in the slot it read
+    /// (and names it in the MarkClean entry), instead of exactly the version it wrote.
+    MarkCleanBySlot,
+    /// Issue 7, bug 2: a lost block is remembered in RAM only (no Lost entry, no tombstone).
+    LostInRamOnly,
+    /// Issue 7, bug 3: records written after a recovery keep the recovered epoch, so one
+    /// can be byte-identical to a record written before the crash.
+    NoRecoveryEpoch,
 }
 
 impl Sabotage {
-    pub const ALL: [Sabotage; 3] =
-        [Sabotage::FlushSkipsCacheFlush, Sabotage::ReclaimSkipsMarkerFlush, Sabotage::DestageSkipsBackingFlush];
+    pub const ALL: [Sabotage; 6] = [
+        Sabotage::FlushSkipsCacheFlush,
+        Sabotage::ReclaimSkipsMarkerFlush,
+        Sabotage::DestageSkipsBackingFlush,
+        Sabotage::MarkCleanBySlot,
+        Sabotage::LostInRamOnly,
+        Sabotage::NoRecoveryEpoch,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -60,6 +75,9 @@ impl Sabotage {
             Sabotage::FlushSkipsCacheFlush => "flush-skips-cache-flush",
             Sabotage::ReclaimSkipsMarkerFlush => "reclaim-skips-marker-flush",
             Sabotage::DestageSkipsBackingFlush => "destage-skips-backing-flush",
+            Sabotage::MarkCleanBySlot => "mark-clean-by-slot",
+            Sabotage::LostInRamOnly => "lost-in-ram-only",
+            Sabotage::NoRecoveryEpoch => "no-recovery-epoch",
         }
     }
 }
@@ -242,8 +260,11 @@ struct State {
     spare_map: HashMap<u64, usize>,
     /// Read-miss fills in flight: block -> (readers, cancelled by a write or trim).
     fills: HashMap<u64, (u32, bool)>,
-    /// Dirty blocks whose only copy failed its checksum: reads fail until they are rewritten.
-    lost: HashSet<u64>,
+    /// Dirty blocks whose only copy failed its checksum: reads fail until a record holding
+    /// newer data of the block is written (see `Lost`).
+    lost: HashMap<u64, Lost>,
+    /// The epoch of the records this run writes (one more than recovery found).
+    epoch: u64,
     poisoned: Option<String>,
     /// (log position, clock ns) of recent records, to date the oldest dirty block.
     age_samples: VecDeque<(u64, u64)>,
@@ -271,12 +292,50 @@ impl State {
             f.1 = true;
         }
     }
+
+    /// One reader is done with its fill of `block`; returns whether the fill was cancelled.
+    fn end_fill(&mut self, block: u64) -> bool {
+        let f = self.fills.get_mut(&block).expect("registered fill");
+        f.0 -= 1;
+        let cancelled = f.1;
+        if f.0 == 0 {
+            self.fills.remove(&block);
+        }
+        cancelled
+    }
+}
+
+/// A lost block: its only dirty copy (at `position`) failed its checksum. It reads as an I/O
+/// error until a record holding newer data of it is written; then the entry goes.
+///
+/// Durability (docs/format.md, "lost blocks"): the loss is written as a `Lost` entry into the
+/// next record sealed (`logged`), and as a tombstone into every checkpoint while the entry
+/// exists, so it survives the head passing `position` and any restart. A `Lost` entry is
+/// never written after a record holding newer data of the block: the entry leaves this map
+/// exactly when such a record is written, and a record never carries both (its own data
+/// supersedes the loss).
+#[derive(Debug, Clone, Copy)]
+struct Lost {
+    position: u64,
+    /// A `Lost` entry for it is in a written record (or a checkpoint holds its tombstone).
+    logged: bool,
+}
+
+/// A block picked for write-back, with the exact version it names: the log position of its
+/// copy when the batch was taken. Positions never repeat (slots do, a lap later), so
+/// "still current" is "the index still names this position".
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Picked {
+    block: u64,
+    entry: IndexEntry,
+    position: u64,
 }
 
 /// Where a block's data was found when a read was planned.
 enum Source {
     Copied,
-    Cache(IndexEntry),
+    /// The index entry and its log position.
+    Cache(IndexEntry, u64),
     Backing,
 }
 
@@ -318,6 +377,10 @@ pub(crate) struct Recovered {
     pub checkpoint_position: u64,
     pub checkpoint_seq: u64,
     pub replayed_records: u64,
+    /// Lost blocks (tombstones and Lost entries not superseded), with their positions.
+    pub lost: Vec<(u64, u64)>,
+    /// The highest epoch in the checkpoint and the replayed records.
+    pub epoch: u64,
 }
 
 impl Volume {
@@ -367,7 +430,8 @@ impl Volume {
                 spare_data: Vec::with_capacity(RECORD_ENTRIES),
                 spare_map: HashMap::with_capacity(RECORD_ENTRIES),
                 fills: HashMap::new(),
-                lost: HashSet::new(),
+                lost: r.lost.iter().map(|&(b, position)| (b, Lost { position, logged: true })).collect(),
+                epoch: r.epoch,
                 poisoned: None,
                 age_samples: VecDeque::new(),
                 counters: Counters::default(),
@@ -378,6 +442,13 @@ impl Volume {
             superblock: Mutex::new(r.superblock),
             rmw: Mutex::new(()),
             background: AtomicBool::new(false),
+        }
+    }
+
+    /// Starts the epoch of this run (recovery calls it before its checkpoint).
+    pub(crate) fn begin_epoch(&self) {
+        if self.options.sabotage != Sabotage::NoRecoveryEpoch {
+            self.lock().epoch += 1;
         }
     }
 
@@ -442,7 +513,7 @@ impl Volume {
                 st.check_poisoned()?;
                 let now = self.clock.now_ns();
                 st.cancel_fill(block);
-                st.lost.remove(&block);
+                // A lost block stays lost until this write is in a written record (see `Lost`).
                 if st.staging.put(block, EntryKind::DataDirty, chunk, crc, now) {
                     st.counters.written_blocks += 1;
                     break;
@@ -576,6 +647,7 @@ impl Volume {
         let mut st = loop {
             let mut st = self.lock();
             st.check_poisoned()?;
+            self.stage_lost_entries(&mut st);
             while st.staging.entries() < st.staging.limit {
                 match st.pending_meta.pop_front() {
                     Some(m) => st.staging.meta.push(m),
@@ -600,6 +672,7 @@ impl Volume {
             position: pos,
             head_position: st.head,
             prev_checksum: st.last_header_crc,
+            epoch: st.epoch,
             // Metadata first: a TRIM or MarkClean was queued before any data of the same block
             // staged after it, and replay applies entries in order.
             entries: st
@@ -656,6 +729,11 @@ impl Volume {
                 let slot = self.layout.slot(pos + 1 + k as u64);
                 st.index
                     .insert(block, IndexEntry { slot, dirty: kind == EntryKind::DataDirty, referenced: false, crc });
+                if kind == EntryKind::DataDirty {
+                    // Newer data of a lost block is now in a written record: the loss is over,
+                    // and no Lost entry for it may be written after this record.
+                    st.lost.remove(&block);
+                }
             }
         }
         st.counters.records_written += 1;
@@ -671,6 +749,53 @@ impl Volume {
             self.checkpoint_locked()?;
         }
         Ok(())
+    }
+
+    /// Puts the Lost entries not yet logged into the staging record being sealed (metadata
+    /// goes first in a record). A block with data in this same record is skipped: that data
+    /// supersedes the loss, and its entry leaves `lost` when the record is written.
+    fn stage_lost_entries(&self, st: &mut State) {
+        if self.options.sabotage == Sabotage::LostInRamOnly || st.lost.values().all(|l| l.logged) {
+            return;
+        }
+        let State { lost, staging, .. } = st;
+        for (&block, l) in lost.iter_mut() {
+            if staging.entries() >= staging.limit {
+                break;
+            }
+            let superseded = staging.map.get(&block).is_some_and(|&i| staging.data[i].1 == EntryKind::DataDirty);
+            if l.logged || superseded {
+                continue;
+            }
+            staging.meta.push(RecordEntry {
+                kind: EntryKind::Lost,
+                backing_block: block,
+                data_crc: 0,
+                ref_position: l.position,
+            });
+            l.logged = true;
+        }
+    }
+
+    /// The log position of an index entry's copy (entries name slots in `[head, tail)`).
+    fn position_of(&self, st: &State, e: &IndexEntry) -> u64 {
+        self.layout.position_of_slot(e.slot, st.tail)
+    }
+
+    /// Declares the copy of `block` at `position` lost: its checksum failed and it was the
+    /// only copy of dirty data. The caller checked, under this same lock, that the index
+    /// still names that position and that no newer data of the block is in flight. The
+    /// block reads as an I/O error until rewritten (unless staging already holds newer data).
+    fn declare_lost(&self, st: &mut State, block: u64, position: u64) {
+        debug_assert!(st.inflight.as_ref().is_none_or(|f| !f.map.contains_key(&block)));
+        st.index.remove(block);
+        st.cancel_fill(block);
+        tracing::error!(block, position, "dirty block failed its checksum on the cache device: lost");
+        st.lost.insert(block, Lost { position, logged: false });
+        let limit = Layout::max_lost_blocks_for(self.layout.log_blocks) as usize;
+        if st.lost.len() > limit {
+            st.poison(format!("more than {limit} blocks lost to checksum failures: the cache device is failing"));
+        }
     }
 
     /// Frees at least `need` blocks at the head of the log (io lock held).
@@ -695,11 +820,18 @@ impl Volume {
         // reverse map: no I/O).
 
         let new_head = target;
-        let live: Vec<(u64, IndexEntry)> = {
+        // (No record write can run meanwhile: this thread holds the io lock. So the index
+        // entries below keep naming the same positions until this function changes them.)
+        let live: Vec<Picked> = {
             let st = self.lock();
-            (head..new_head).filter_map(|pos| st.index.owner(self.layout.slot(pos))).collect()
+            (head..new_head)
+                .filter_map(|position| {
+                    let (block, entry) = st.index.owner(self.layout.slot(position))?;
+                    Some(Picked { block, entry, position })
+                })
+                .collect()
         };
-        let mut dirty: Vec<(u64, IndexEntry)> = live.iter().filter(|(_, e)| e.dirty).copied().collect();
+        let mut dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
         if dirty.len() > self.copy_forward_max() {
             // Mostly dirty: the cache is full of data not yet written back. Write it back now;
             // this is the backpressure a writer feels when the destager has fallen behind.
@@ -711,53 +843,72 @@ impl Volume {
         // Copy the live dirty blocks forward (cache bandwidth only; the backing device is not
         // touched): read and verify them into the copy record's buffer.
 
-        let mut copies: Vec<(u64, IndexEntry)> = Vec::with_capacity(dirty.len());
-        for (block, e) in dirty {
+        let mut copies: Vec<Picked> = Vec::with_capacity(dirty.len());
+        for p in dirty {
             let k = copies.len();
             let out = &mut io.copy[(1 + k) * bs..(2 + k) * bs];
-            if let Err(err) = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), out) {
+            if let Err(err) = self.cache.read_at(self.layout.log_offset(u64::from(p.entry.slot)), out) {
                 let err = EngineError::cache(err);
                 self.lock().poison(format!("reading a block to copy forward failed: {err}"));
                 return Err(err);
             }
-            if checksum(out) == e.crc {
-                copies.push((block, e));
+            if checksum(out) == p.entry.crc {
+                copies.push(p);
             } else {
                 let mut st = self.lock();
-                if st.index.remove_if_slot(block, e.slot).is_some() {
-                    st.lost.insert(block);
-                    tracing::error!(block, "dirty block failed its checksum on the cache device: lost");
+                if st.index.get(p.block).is_some_and(|c| self.position_of(&st, &c) == p.position) {
+                    self.declare_lost(&mut st, p.block, p.position);
                 }
             }
         }
-        let copied: HashSet<u64> = copies.iter().map(|(b, _)| *b).collect();
+        // Every loss not yet in a written record goes into the copy record (below), because
+        // the head is about to pass blocks that recovery would otherwise replay as dirty (or,
+        // once passed, forget, serving the stale backing copy). If they do not all fit, a
+        // checkpoint (which holds every loss as a tombstone) makes them durable first.
+        let unlogged = self.lock().lost.values().filter(|l| !l.logged).count();
+        if unlogged + copies.len() > RECORD_ENTRIES && self.options.sabotage != Sabotage::LostInRamOnly {
+            self.checkpoint_locked()?;
+        }
+        let copied: HashSet<u64> = copies.iter().map(|p| p.block).collect();
         // The copy record also carries the new head: made durable before any of the reclaimed
         // space is overwritten. It lands in the reserve the writer keeps free.
 
         let (pos, blocks) = {
             let mut st = self.lock();
-            for (block, e) in &live {
-                if copied.contains(block) {
+            for p in &live {
+                if copied.contains(&p.block) {
                     continue;
                 }
-                if let Some(old) = st.index.remove_if_slot(*block, e.slot) {
-                    assert!(!old.dirty, "block {block} still dirty at reclaim");
+                if let Some(old) = st.index.remove_if_slot(p.block, p.entry.slot) {
+                    assert!(!old.dirty, "block {} still dirty at reclaim", p.block);
                     st.counters.evicted_blocks += 1;
                 }
             }
             st.counters.reclaimed_blocks += new_head - head;
             st.counters.copied_forward_blocks += copies.len() as u64;
             let mut entries = Vec::with_capacity(RECORD_ENTRIES);
+            if self.options.sabotage != Sabotage::LostInRamOnly {
+                for (&block, l) in st.lost.iter_mut().filter(|(_, l)| !l.logged) {
+                    entries.push(RecordEntry {
+                        kind: EntryKind::Lost,
+                        backing_block: block,
+                        data_crc: 0,
+                        ref_position: l.position,
+                    });
+                    l.logged = true;
+                }
+            }
+            assert!(entries.len() + copies.len() <= RECORD_ENTRIES, "losses and copies fit one record");
             while entries.len() + copies.len() < RECORD_ENTRIES {
                 match st.pending_meta.pop_front() {
                     Some(m) => entries.push(m),
                     None => break,
                 }
             }
-            entries.extend(copies.iter().map(|(b, e)| RecordEntry {
+            entries.extend(copies.iter().map(|p| RecordEntry {
                 kind: EntryKind::DataDirty,
-                backing_block: *b,
-                data_crc: e.crc,
+                backing_block: p.block,
+                data_crc: p.entry.crc,
                 ref_position: 0,
             }));
             let pos = st.tail;
@@ -768,6 +919,7 @@ impl Volume {
                 position: pos,
                 head_position: new_head,
                 prev_checksum: st.last_header_crc,
+                epoch: st.epoch,
                 entries,
             };
             st.last_header_crc = header.encode(self.uuid_low, &mut io.copy[..bs]);
@@ -784,13 +936,13 @@ impl Volume {
         self.flush_cache(self.options.sabotage == Sabotage::ReclaimSkipsMarkerFlush)?;
         let mut st = self.lock();
         st.head = new_head;
-        for (k, (block, e)) in copies.iter().enumerate() {
-            if let Some(current) = st.index.get(*block) {
-                if current.slot == e.slot {
+        for (k, p) in copies.iter().enumerate() {
+            if let Some(current) = st.index.get(p.block) {
+                if current.slot == p.entry.slot {
                     let slot = self.layout.slot(pos + 1 + k as u64);
                     st.index.insert(
-                        *block,
-                        IndexEntry { slot, dirty: current.dirty, referenced: current.referenced, crc: e.crc },
+                        p.block,
+                        IndexEntry { slot, dirty: current.dirty, referenced: current.referenced, crc: p.entry.crc },
                     );
                 }
             }
@@ -844,30 +996,53 @@ impl Volume {
         // The records the checkpoint summarises must be durable before it is: otherwise the
         // device could keep the checkpoint and drop a record whose data it points at.
         self.flush_cache(false)?;
-        let (snapshot, mut header) = {
+        let (snapshot, tombstones, mut header) = {
             let st = self.lock();
             st.check_poisoned()?;
             let snapshot: Vec<(u64, IndexEntry)> = st.index.iter().collect();
+            // Every lost block, logged or not: a checkpoint replaces the records before it.
+            let tombstones: Vec<u64> = if self.options.sabotage == Sabotage::LostInRamOnly {
+                Vec::new()
+            } else {
+                st.lost.keys().copied().collect()
+            };
             let header = CheckpointHeader {
                 sequence: st.checkpoint_seq + 1,
                 log_position: st.tail,
                 next_record_sequence: st.next_seq,
                 head_position: st.head,
-                entry_count: snapshot.len() as u64,
+                entry_count: (snapshot.len() + tombstones.len()) as u64,
                 entries_crc: 0,
                 prev_record_checksum: st.last_header_crc,
+                epoch: st.epoch,
             };
-            (snapshot, header)
+            (snapshot, tombstones, header)
         };
+        assert!(header.entry_count <= self.layout.checkpoint_capacity(), "checkpoint over capacity");
         let bs = self.bs;
-        let entry_bytes = snapshot.len() * tiercache_format::constants::CHECKPOINT_ENTRY_SIZE;
+        let entry_bytes = header.entry_count as usize * tiercache_format::constants::CHECKPOINT_ENTRY_SIZE;
         let blocks = 1 + entry_bytes.div_ceil(bs);
         assert!(blocks as u64 <= self.layout.checkpoint_area_blocks);
         let mut buf = AlignedBuf::new(blocks * bs);
-        for (i, (block, e)) in snapshot.iter().enumerate() {
+        let entries = snapshot
+            .iter()
+            .map(|(block, e)| CheckpointEntry {
+                backing_block: *block,
+                slot: e.slot,
+                dirty: e.dirty,
+                lost: false,
+                data_crc: e.crc,
+            })
+            .chain(tombstones.iter().map(|&block| CheckpointEntry {
+                backing_block: block,
+                slot: 0,
+                dirty: false,
+                lost: true,
+                data_crc: 0,
+            }));
+        for (i, entry) in entries.enumerate() {
             let at = bs + i * tiercache_format::constants::CHECKPOINT_ENTRY_SIZE;
-            CheckpointEntry { backing_block: *block, slot: e.slot, dirty: e.dirty, data_crc: e.crc }
-                .encode(&mut buf[at..]);
+            entry.encode(&mut buf[at..]);
         }
         header.entries_crc = checksum(&buf[bs..bs + entry_bytes]);
         header.encode(self.uuid_low, &mut buf[..bs]);
@@ -882,6 +1057,11 @@ impl Volume {
         st.checkpoint_position = header.log_position;
         st.checkpoint_seq = header.sequence;
         st.counters.checkpoints += 1;
+        for block in tombstones {
+            if let Some(l) = st.lost.get_mut(&block) {
+                l.logged = true;
+            }
+        }
         Ok(())
     }
 
@@ -907,11 +1087,6 @@ impl Volume {
         {
             let mut st = self.lock();
             st.counters.read_requests += 1;
-            if !st.lost.is_empty() {
-                if let Some(block) = (first..first + nblocks as u64).find(|b| st.lost.contains(b)) {
-                    return Err(EngineError::LostBlock { block });
-                }
-            }
             for i in 0..nblocks {
                 let block = first + i as u64;
                 let out = &mut buf[i * bs..(i + 1) * bs];
@@ -924,9 +1099,18 @@ impl Volume {
                     out.copy_from_slice(&f.buf[(1 + k) * bs..(2 + k) * bs]);
                     plan.push(Source::Copied);
                     st.counters.read_hit_blocks += 1;
+                } else if st.lost.contains_key(&block) {
+                    // Staging and the record in flight (newer data) were looked at first.
+                    for (j, src) in plan.iter().enumerate() {
+                        if matches!(src, Source::Backing) {
+                            st.end_fill(first + j as u64);
+                        }
+                    }
+                    return Err(EngineError::LostBlock { block });
                 } else if let Some(e) = st.index.get(block) {
                     st.index.touch(block);
-                    plan.push(Source::Cache(e));
+                    let position = self.position_of(&st, &e);
+                    plan.push(Source::Cache(e, position));
                     st.counters.read_hit_blocks += 1;
                 } else {
                     st.fills.entry(block).or_insert((0, false)).0 += 1;
@@ -957,7 +1141,7 @@ impl Volume {
 
         let mut retry: Vec<usize> = Vec::new();
         for (i, src) in plan.iter().enumerate() {
-            if let Source::Cache(e) = src {
+            if let Source::Cache(e, _) = src {
                 let out = &mut buf[i * bs..(i + 1) * bs];
                 let pos_ok = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), out);
                 if pos_ok.is_err() || checksum(out) != e.crc {
@@ -973,22 +1157,19 @@ impl Volume {
                 let block = first + i as u64;
                 match src {
                     Source::Backing => {
-                        let f = st.fills.get_mut(&block).expect("registered fill");
-                        f.0 -= 1;
-                        let cancelled = f.1;
-                        if f.0 == 0 {
-                            st.fills.remove(&block);
-                        }
-                        if backing_result.is_ok() && admit && !cancelled {
+                        let cancelled = st.end_fill(block);
+                        if backing_result.is_ok() && admit && !cancelled && !st.lost.contains_key(&block) {
                             let data = &buf[i * bs..(i + 1) * bs];
                             if st.staging.put(block, EntryKind::DataClean, data, checksum(data), now) {
                                 st.counters.admitted_blocks += 1;
                             }
                         }
                     }
-                    Source::Cache(e) => {
-                        let current = st.index.get(block);
-                        if current.map(|c| (c.slot, c.crc)) != Some((e.slot, e.crc)) && !retry.contains(&i) {
+                    Source::Cache(_, position) => {
+                        // Still current iff the index names the same position (a slot can hold
+                        // another copy of the same block a lap later; a position cannot).
+                        let current = st.index.get(block).map(|c| self.position_of(&st, &c));
+                        if current != Some(*position) && !retry.contains(&i) {
                             retry.push(i); // moved or evicted while we read: read again
                         }
                     }
@@ -1008,11 +1189,8 @@ impl Volume {
     fn read_block_again(&self, block: u64, out: &mut [u8]) -> Result<()> {
         let bs = self.bs;
         loop {
-            let entry = {
+            let (entry, position) = {
                 let st = self.lock();
-                if st.lost.contains(&block) {
-                    return Err(EngineError::LostBlock { block });
-                }
                 if let Some(&k) = st.staging.map.get(&block) {
                     out.copy_from_slice(st.staging.block(k, bs));
                     return Ok(());
@@ -1023,8 +1201,11 @@ impl Volume {
                         return Ok(());
                     }
                 }
+                if st.lost.contains_key(&block) {
+                    return Err(EngineError::LostBlock { block });
+                }
                 match st.index.get(block) {
-                    Some(e) => e,
+                    Some(e) => (e, self.position_of(&st, &e)),
                     None => {
                         drop(st);
                         return self.backing.read_at(block * bs as u64, out).map_err(EngineError::backing);
@@ -1033,9 +1214,11 @@ impl Volume {
             };
             let read = self.cache.read_at(self.layout.log_offset(u64::from(entry.slot)), out);
             let mut st = self.lock();
-            let current = st.index.get(block);
-            if current.map(|c| (c.slot, c.crc)) != Some((entry.slot, entry.crc)) {
-                continue; // moved again: retry
+            let current = st.index.get(block).map(|c| self.position_of(&st, &c));
+            let newer_in_ram =
+                st.staging.map.contains_key(&block) || st.inflight.as_ref().is_some_and(|f| f.map.contains_key(&block));
+            if current != Some(position) || newer_in_ram {
+                continue; // moved, or rewritten meanwhile: look again
             }
             if let Err(e) = read {
                 // An I/O error is reported as such; the block is not declared lost for it.
@@ -1046,9 +1229,7 @@ impl Volume {
             }
             if entry.dirty {
                 // The only copy is bad: report, never serve.
-                st.index.remove(block);
-                st.lost.insert(block);
-                tracing::error!(block, "dirty block failed its checksum on the cache device: lost");
+                self.declare_lost(&mut st, block, position);
                 return Err(EngineError::LostBlock { block });
             }
             // A bad clean copy: forget it and read the backing device (repair by re-admission
@@ -1114,20 +1295,22 @@ impl Volume {
     /// the last batch stopped (an elevator). Returns how many blocks were written back.
     pub fn destage_step(&self, max_blocks: usize) -> Result<usize> {
         let mut cursor = self.destage.lock().expect("destage lock");
-        let mut dirty: Vec<(u64, IndexEntry)> = {
+        let mut dirty: Vec<Picked> = {
             let st = self.lock();
             st.check_poisoned()?;
-            st.index.iter().filter(|(_, e)| e.dirty).collect()
+            st.index
+                .iter()
+                .filter(|(_, e)| e.dirty)
+                .map(|(block, entry)| Picked { block, entry, position: self.position_of(&st, &entry) })
+                .collect()
         };
         if dirty.is_empty() {
             return Ok(0);
         }
-        dirty.sort_unstable_by_key(|(b, _)| *b);
-        let start = dirty.partition_point(|(b, _)| *b < *cursor);
-        let mut batch: Vec<(u64, IndexEntry)> =
-            dirty[start..].iter().chain(dirty[..start].iter()).take(max_blocks).copied().collect();
-        batch.sort_unstable_by_key(|(b, _)| *b);
-        *cursor = if start + max_blocks < dirty.len() { dirty[start + max_blocks].0 } else { 0 };
+        dirty.sort_unstable_by_key(|p| p.block);
+        let start = dirty.partition_point(|p| p.block < *cursor);
+        let batch: Vec<Picked> = dirty[start..].iter().chain(dirty[..start].iter()).take(max_blocks).copied().collect();
+        *cursor = if start + max_blocks < dirty.len() { dirty[start + max_blocks].block } else { 0 };
         self.destage_blocks(batch)
     }
 
@@ -1145,9 +1328,9 @@ impl Volume {
             let mut batch = Vec::new();
             let mut pos = from;
             while pos < until && batch.len() < max_blocks {
-                if let Some((block, e)) = st.index.owner(self.layout.slot(pos)) {
-                    if e.dirty {
-                        batch.push((block, e));
+                if let Some((block, entry)) = st.index.owner(self.layout.slot(pos)) {
+                    if entry.dirty {
+                        batch.push(Picked { block, entry, position: pos });
                     }
                 }
                 pos += 1;
@@ -1163,32 +1346,42 @@ impl Volume {
     /// Writes `blocks` back to the backing device (destage lock held): read from the cache
     /// and verify; write in address order, merging neighbours; flush the backing device; only
     /// then mark clean and queue MarkClean entries.
-    fn destage_blocks(&self, mut blocks: Vec<(u64, IndexEntry)>) -> Result<usize> {
+    ///
+    /// The rule (docs/format.md, "write-back and mark-clean"): a write-back marks clean
+    /// exactly the versions it wrote, named by the log positions captured when the batch was
+    /// taken, in RAM and in the MarkClean entry. The backing flush can take seconds, long
+    /// enough for the log to lap and a newer version of the same block to land in the same
+    /// slot; a position never repeats, so that newer version stays dirty.
+    fn destage_blocks(&self, mut blocks: Vec<Picked>) -> Result<usize> {
         let bs = self.bs;
-        blocks.sort_unstable_by_key(|(b, _)| *b);
+        blocks.sort_unstable_by_key(|p| p.block);
         let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
-        for (i, (_, e)) in blocks.iter().enumerate() {
+        for (i, p) in blocks.iter().enumerate() {
             let out = &mut data[i * bs..(i + 1) * bs];
-            if let Err(e) = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), out) {
+            if let Err(e) = self.cache.read_at(self.layout.log_offset(u64::from(p.entry.slot)), out) {
                 let e = EngineError::cache(e);
                 self.lock().poison(format!("reading a dirty block from the cache device failed: {e}"));
                 return Err(e);
             }
         }
-        // Keep only blocks whose entry is unchanged and whose data verifies.
+        // Keep only blocks whose index entry still names the position read (the read itself
+        // raced nothing then: that position cannot be overwritten while it is live) and whose
+        // data verifies.
 
         let mut keep = vec![false; blocks.len()];
         {
             let mut st = self.lock();
-            for (i, (block, e)) in blocks.iter().enumerate() {
-                let current = st.index.get(*block);
-                if current.map(|c| (c.slot, c.crc, c.dirty)) != Some((e.slot, e.crc, true)) {
+            for (i, p) in blocks.iter().enumerate() {
+                let current = st.index.get(p.block);
+                let still = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
+                if !still {
                     continue; // overwritten or trimmed meanwhile: its newer version is handled later
                 }
-                if checksum(&data[i * bs..(i + 1) * bs]) != e.crc {
-                    st.index.remove(*block);
-                    st.lost.insert(*block);
-                    tracing::error!(block, "dirty block failed its checksum on the cache device: lost");
+                if checksum(&data[i * bs..(i + 1) * bs]) != p.entry.crc {
+                    let newer_in_flight = st.inflight.as_ref().is_some_and(|f| f.map.contains_key(&p.block));
+                    if !newer_in_flight {
+                        self.declare_lost(&mut st, p.block, p.position);
+                    }
                     continue;
                 }
                 keep[i] = true;
@@ -1205,19 +1398,25 @@ impl Volume {
             self.lock().poison(format!("flushing the cache device before write-back failed: {e}"));
             return Err(e);
         }
-        let fingerprint_block = self.backing_blocks - 1;
-        let mut new_fingerprint = None;
-        for (i, (block, _)) in blocks.iter().enumerate() {
-            if keep[i] && *block == fingerprint_block {
-                new_fingerprint = Some(checksum(&data[i * bs..(i + 1) * bs]));
+        // Fingerprint blocks among them: phase 1, an attach during or after the write accepts
+        // the new content too. (Only the destager writes the superblock, under the destage lock.)
+        let fingerprint_blocks = self.superblock().fingerprint_blocks();
+        let mut new_fingerprints = [None; FINGERPRINT_BLOCKS];
+        for (i, p) in blocks.iter().enumerate() {
+            for (f, &fb) in fingerprint_blocks.iter().enumerate() {
+                if keep[i] && p.block == fb {
+                    new_fingerprints[f] = Some(checksum(&data[i * bs..(i + 1) * bs]));
+                }
             }
         }
-        if let Some(fp) = new_fingerprint {
-            // Phase 1: an attach during or after the write accepts the new content too.
-            // (Only the destager writes the superblock, under the destage lock.)
-
+        let fingerprinted = new_fingerprints.iter().any(Option::is_some);
+        if fingerprinted {
             let mut sb = self.superblock();
-            sb.backing_fingerprint_next = Some(fp);
+            for (f, new) in new_fingerprints.iter().enumerate() {
+                if new.is_some() {
+                    sb.backing_fingerprints[f].next = *new;
+                }
+            }
             self.write_superblock(sb)?;
         }
         let mut i = 0;
@@ -1228,36 +1427,47 @@ impl Volume {
                 continue;
             }
             let start = i;
-            while i + 1 < blocks.len() && keep[i + 1] && blocks[i + 1].0 == blocks[i].0 + 1 {
+            while i + 1 < blocks.len() && keep[i + 1] && blocks[i + 1].block == blocks[i].block + 1 {
                 i += 1;
             }
             i += 1;
-            let offset = blocks[start].0 * bs as u64;
+            let offset = blocks[start].block * bs as u64;
             self.backing.write_at(offset, &data[start * bs..i * bs]).map_err(EngineError::backing)?;
             written += i - start;
-        }
-        if written == 0 {
-            return Ok(0);
         }
         if self.options.sabotage != Sabotage::DestageSkipsBackingFlush {
             self.backing.flush().map_err(EngineError::backing)?;
         }
-        if let Some(fp) = new_fingerprint {
+        if fingerprinted {
             // Phase 3: the new content is the fingerprint. Written at once, so that the
             // "write-back in flight" allowance at attach does not stay set on disk.
             let mut sb = self.superblock();
-            sb.backing_fingerprint = fp;
-            sb.backing_fingerprint_next = None;
+            for (f, new) in new_fingerprints.iter().enumerate() {
+                if let Some(crc) = new {
+                    sb.backing_fingerprints[f] = Fingerprint { crc: *crc, next: None };
+                }
+            }
             self.write_superblock(sb)?;
         }
         let mut st = self.lock();
         st.counters.backing_flushes += 1;
-        for (i, (block, e)) in blocks.iter().enumerate() {
-            if keep[i] && st.index.mark_clean(*block, e.slot) {
-                let ref_position = self.layout.position_of_slot(e.slot, st.tail);
+        for (i, p) in blocks.iter().enumerate() {
+            if !keep[i] {
+                continue;
+            }
+            let (marked, ref_position) = if self.options.sabotage == Sabotage::MarkCleanBySlot {
+                // The old, broken rule: whatever now sits in the slot read, named by the
+                // current tail.
+                (st.index.mark_clean(p.block, p.entry.slot), self.layout.position_of_slot(p.entry.slot, st.tail))
+            } else {
+                let current = st.index.get(p.block);
+                let same = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
+                (same && st.index.mark_clean(p.block, p.entry.slot), p.position)
+            };
+            if marked {
                 st.pending_meta.push_back(RecordEntry {
                     kind: EntryKind::MarkClean,
-                    backing_block: *block,
+                    backing_block: p.block,
                     data_crc: 0,
                     ref_position,
                 });
@@ -1310,7 +1520,21 @@ impl Volume {
                 stalled = 0;
             }
         }
-        self.checkpoint()
+        self.checkpoint()?;
+        // Everything else is on the backing device now, but a lost block's backing copy is
+        // stale: "the backing device holds all data" would be a lie.
+        let lost = self.lost_blocks();
+        if !lost.is_empty() {
+            return Err(EngineError::LostBlocks { count: lost.len() as u64, blocks: lost });
+        }
+        Ok(())
+    }
+
+    /// Every lost block, in address order (see `Lost`).
+    pub fn lost_blocks(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.lock().lost.keys().copied().collect();
+        v.sort_unstable();
+        v
     }
 
     // ---------------------------------------------------------------- background work
@@ -1424,6 +1648,12 @@ impl Volume {
             dirty_high_permille: sb.dirty_high_permille,
             oldest_dirty_age_seconds,
             lost_blocks: st.lost.len() as u64,
+            lost_block_numbers: {
+                let mut v: Vec<u64> = st.lost.keys().copied().collect();
+                v.sort_unstable();
+                v.truncate(crate::constants::STATUS_LOST_BLOCKS_LISTED);
+                v
+            },
             read_hit_ratio: if lookups == 0 { None } else { Some(c.read_hit_blocks as f64 / lookups as f64) },
             index_ram_bytes: st.index.memory_bytes() as u64,
             index_ram_bytes_per_cached_block: st.index.bytes_per_cached_block(),

@@ -16,6 +16,10 @@ use tiercache_format::Layout;
 const BS: usize = 4096;
 const THREADS: u64 = 4;
 const BLOCKS_PER_THREAD: u64 = 48;
+/// The threads' blocks start here: blocks 0, 1 and 16 and the last block are the backing
+/// device's fingerprint blocks, and leaving them alone keeps the oracle's two non-atomic
+/// snapshots (cache image, then backing image) consistent with each other.
+const FIRST: u64 = 17;
 
 /// A block carrying its number and a version (the simulator's encoding).
 fn stamp(block: u64, version: u64) -> Vec<u8> {
@@ -57,9 +61,7 @@ fn run(seed: u64) {
     let log_blocks = 16 * 8u64;
     let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
     let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
-    // One block more than the threads use: the last block is the backing device's fingerprint,
-    // and leaving it alone keeps the oracle's two non-atomic snapshots consistent.
-    let total = THREADS * BLOCKS_PER_THREAD + 1;
+    let total = FIRST + THREADS * BLOCKS_PER_THREAD + 1;
     let image: Vec<u8> = (0..total).flat_map(|b| stamp(b, 0)).collect();
     let backing = Arc::new(SimDevice::from_image(image, BS as u32).with_name("backing"));
     create(
@@ -102,7 +104,7 @@ fn run(seed: u64) {
                 let mut pending: Vec<(usize, u64)> = Vec::new();
                 for _ in 0..3000 {
                     let i = rng.gen_range(0..BLOCKS_PER_THREAD);
-                    let block = t * BLOCKS_PER_THREAD + i;
+                    let block = FIRST + t * BLOCKS_PER_THREAD + i;
                     version += 1;
                     model.lock().unwrap()[i as usize].written.push(version);
                     if volume.write(block * BS as u64, &stamp(block, version)).is_err() {
@@ -118,7 +120,7 @@ fn run(seed: u64) {
                             cache.vanish();
                         }
                         let acked: Vec<(u64, u64)> =
-                            pending.iter().map(|&(i, v)| (t * BLOCKS_PER_THREAD + i as u64, v)).collect();
+                            pending.iter().map(|&(i, v)| (FIRST + t * BLOCKS_PER_THREAD + i as u64, v)).collect();
                         assert_durable(seed, &cache, &backing, &acked);
                         let mut m = model.lock().unwrap();
                         for (i, v) in pending.drain(..) {
@@ -127,7 +129,7 @@ fn run(seed: u64) {
                     }
                     if rng.gen_bool(0.3) {
                         let j = rng.gen_range(0..BLOCKS_PER_THREAD);
-                        let b = t * BLOCKS_PER_THREAD + j;
+                        let b = FIRST + t * BLOCKS_PER_THREAD + j;
                         let mut buf = vec![0u8; BS];
                         if volume.read(b * BS as u64, &mut buf).is_ok() {
                             let expect = *model.lock().unwrap()[j as usize].written.last().unwrap();
@@ -154,7 +156,7 @@ fn run(seed: u64) {
     for t in 0..THREADS {
         let model = models[t as usize].lock().unwrap();
         for i in 0..BLOCKS_PER_THREAD {
-            let block = t * BLOCKS_PER_THREAD + i;
+            let block = FIRST + t * BLOCKS_PER_THREAD + i;
             volume.read(block * BS as u64, &mut buf).unwrap_or_else(|e| panic!("seed {seed}: block {block}: {e}"));
             let m = &model[i as usize];
             let v = unstamp(block, &buf).unwrap_or_else(|| panic!("seed {seed}: block {block}: garbage"));

@@ -33,8 +33,13 @@ pub struct CheckpointHeaderDisk {
     /// The checksum of the header of the last record before `log_position` (0 if none): the
     /// first replayed record must carry it as its `prev_checksum`.
     pub prev_record_checksum: U32,
+    /// Zero; keeps `epoch` 8-byte aligned.
+    pub padding: U32,
+    /// The epoch of the records written after this checkpoint (see `RecordHeaderDisk::epoch`):
+    /// recovery writes a checkpoint with a new epoch before the volume serves anything.
+    pub epoch: U64,
     /// Zero.
-    pub reserved: [u8; 60],
+    pub reserved: [u8; 48],
 }
 
 /// One index entry as checkpointed.
@@ -42,7 +47,8 @@ pub struct CheckpointHeaderDisk {
 #[repr(C)]
 pub struct CheckpointEntryDisk {
     pub backing_block: U64,
-    /// Bits 0-30: the log slot holding the block's data; bit 31: dirty.
+    /// Bits 0-29: the log slot holding the block's data; bit 31: dirty; bit 30: lost (a
+    /// tombstone: the block's only dirty copy failed its checksum; slot and CRC are zero).
     pub slot_and_flags: U32,
     /// CRC-32C of the data block (a reference to a block carries its checksum).
     pub data_crc: U32,
@@ -52,6 +58,9 @@ const _: () = assert!(std::mem::size_of::<CheckpointHeaderDisk>() == CHECKPOINT_
 const _: () = assert!(std::mem::size_of::<CheckpointEntryDisk>() == CHECKPOINT_ENTRY_SIZE);
 
 const DIRTY_BIT: u32 = 1 << 31;
+const LOST_BIT: u32 = 1 << 30;
+const SLOT_BITS: u32 = LOST_BIT - 1;
+const _: () = assert!(MAX_LOG_BLOCKS <= SLOT_BITS as u64 + 1);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointHeader {
@@ -62,22 +71,27 @@ pub struct CheckpointHeader {
     pub entry_count: u64,
     pub entries_crc: u32,
     pub prev_record_checksum: u32,
+    pub epoch: u64,
 }
 
+/// A checkpointed index entry, or (with `lost`) a lost block's tombstone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CheckpointEntry {
     pub backing_block: u64,
     pub slot: u32,
     pub dirty: bool,
+    pub lost: bool,
     pub data_crc: u32,
 }
 
 impl CheckpointEntry {
     pub fn encode(&self, out: &mut [u8]) {
-        assert!(self.slot < DIRTY_BIT);
+        assert!(self.slot <= SLOT_BITS);
+        assert!(!self.lost || (self.slot == 0 && !self.dirty && self.data_crc == 0), "a tombstone carries no data");
+        let flags = if self.dirty { DIRTY_BIT } else { 0 } | if self.lost { LOST_BIT } else { 0 };
         let d = CheckpointEntryDisk {
             backing_block: U64::new(self.backing_block),
-            slot_and_flags: U32::new(self.slot | if self.dirty { DIRTY_BIT } else { 0 }),
+            slot_and_flags: U32::new(self.slot | flags),
             data_crc: U32::new(self.data_crc),
         };
         out[..CHECKPOINT_ENTRY_SIZE].copy_from_slice(d.as_bytes());
@@ -93,12 +107,21 @@ impl CheckpointEntry {
             });
         }
         let v = d.slot_and_flags.get();
-        Ok(CheckpointEntry {
+        let e = CheckpointEntry {
             backing_block: d.backing_block.get(),
-            slot: v & !DIRTY_BIT,
+            slot: v & SLOT_BITS,
             dirty: v & DIRTY_BIT != 0,
+            lost: v & LOST_BIT != 0,
             data_crc: d.data_crc.get(),
-        })
+        };
+        if e.lost && (e.slot != 0 || e.dirty || e.data_crc != 0) {
+            return Err(FormatError::Invalid {
+                what: "checkpoint entry",
+                field: "slot_and_flags",
+                why: format!("block {}: a lost tombstone with data", e.backing_block),
+            });
+        }
+        Ok(e)
     }
 }
 
@@ -117,7 +140,9 @@ impl CheckpointHeader {
             head_position: U64::new(self.head_position),
             entry_count: U64::new(self.entry_count),
             prev_record_checksum: U32::new(self.prev_record_checksum),
-            reserved: [0; 60],
+            padding: U32::new(0),
+            epoch: U64::new(self.epoch),
+            reserved: [0; 48],
         };
         block[..CHECKPOINT_HEADER_SIZE].copy_from_slice(d.as_bytes());
         let crc = crate::checksum(&block[4..]);
@@ -153,9 +178,10 @@ impl CheckpointHeader {
             entry_count: d.entry_count.get(),
             entries_crc: d.entries_crc.get(),
             prev_record_checksum: d.prev_record_checksum.get(),
+            epoch: d.epoch.get(),
         };
         let invalid = |field, why: String| Err(FormatError::Invalid { what: WHAT, field, why });
-        if d.flags.get() != 0 || d.reserved.iter().any(|&b| b != 0) {
+        if d.flags.get() != 0 || d.padding.get() != 0 || d.reserved.iter().any(|&b| b != 0) {
             return invalid("reserved", "non-zero reserved bits".into());
         }
         if h.entry_count > max_entries {
@@ -182,15 +208,21 @@ mod tests {
             entry_count: 2,
             entries_crc: 0x1234,
             prev_record_checksum: 0x77,
+            epoch: 4,
         };
         let mut block = vec![0u8; 4096];
         h.encode(9, &mut block);
         assert_eq!(CheckpointHeader::decode(&block, 9, 10).unwrap(), h);
         assert!(CheckpointHeader::decode(&block, 8, 10).is_err());
         assert!(CheckpointHeader::decode(&block, 9, 1).is_err(), "more entries than the area holds");
-        let e = CheckpointEntry { backing_block: 77, slot: 12, dirty: true, data_crc: 0xfeed };
+        let e = CheckpointEntry { backing_block: 77, slot: 12, dirty: true, lost: false, data_crc: 0xfeed };
         let mut buf = [0u8; 16];
         e.encode(&mut buf);
         assert_eq!(CheckpointEntry::decode(&buf).unwrap(), e);
+        let t = CheckpointEntry { backing_block: 78, slot: 0, dirty: false, lost: true, data_crc: 0 };
+        t.encode(&mut buf);
+        assert_eq!(CheckpointEntry::decode(&buf).unwrap(), t);
+        buf[8] = 1; // a tombstone naming a slot
+        assert!(CheckpointEntry::decode(&buf).is_err());
     }
 }

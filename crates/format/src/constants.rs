@@ -3,7 +3,7 @@
 
 /// The format version this build writes and reads. Bump on any incompatible change, and
 /// record the change in docs/format.md's version history.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 
 /// Identifies a tiercache superblock ("TIERCACH" as little-endian bytes).
 pub const SUPERBLOCK_MAGIC: u64 = u64::from_le_bytes(*b"TIERCACH");

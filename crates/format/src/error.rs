@@ -12,6 +12,8 @@ pub enum FormatError {
     BadChecksum { what: &'static str, stored: u32, computed: u32 },
     #[error("{what}: format version {found} is newer than this build supports ({supported}); upgrade tiercache")]
     NewerVersion { what: &'static str, found: u32, supported: u32 },
+    #[error("{what}: format version {found} was written by an older tiercache (this build reads {supported}); write its dirty data back with the older tiercache (`tiercache flush`), then `tiercache create --force` with this one")]
+    OlderVersion { what: &'static str, found: u32, supported: u32 },
     #[error("{what}: unsupported format version {found} (this build reads {supported})")]
     UnsupportedVersion { what: &'static str, found: u32, supported: u32 },
     #[error("{what}: invalid field {field}: {why}")]

@@ -22,7 +22,20 @@ pub struct Layout {
 impl Layout {
     /// Blocks a checkpoint area needs for a log of `log_blocks`.
     pub fn checkpoint_blocks_for(log_blocks: u64, block_size: u32) -> u64 {
-        1 + (log_blocks * CHECKPOINT_ENTRY_SIZE as u64).div_ceil(u64::from(block_size))
+        let entries = log_blocks + Self::max_lost_blocks_for(log_blocks);
+        1 + (entries * CHECKPOINT_ENTRY_SIZE as u64).div_ceil(u64::from(block_size))
+    }
+
+    /// The most lost blocks (tombstones) a volume with this log remembers: a cache device
+    /// that corrupts more than this is failing, and the volume stops accepting writes.
+    pub fn max_lost_blocks_for(log_blocks: u64) -> u64 {
+        (log_blocks / 16).max(16)
+    }
+
+    /// The most entries a checkpoint holds: one per log block (index entries) plus the lost
+    /// blocks' tombstones.
+    pub fn checkpoint_capacity(&self) -> u64 {
+        self.log_blocks + Self::max_lost_blocks_for(self.log_blocks)
     }
 
     /// The largest layout that fits a cache device of `device_bytes`.

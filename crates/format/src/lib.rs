@@ -23,7 +23,7 @@ pub use checkpoint::{CheckpointEntry, CheckpointHeader};
 pub use error::FormatError;
 pub use layout::Layout;
 pub use record::{EntryKind, RecordEntry, RecordHeader};
-pub use superblock::{Superblock, VolumeMode};
+pub use superblock::{fingerprint_blocks, Fingerprint, Superblock, VolumeMode, FINGERPRINT_BLOCKS};
 
 /// The CRC used everywhere on disk: CRC-32C (Castagnoli), hardware-accelerated on x86 and ARM.
 pub fn checksum(bytes: &[u8]) -> u32 {

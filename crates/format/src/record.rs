@@ -38,8 +38,14 @@ pub struct RecordHeaderDisk {
     /// record left beyond a torn tail can never be taken for the next one after new records
     /// were written over the tear.
     pub prev_checksum: U32,
+    /// The writer's epoch: one more than the highest epoch recovery found, made durable in
+    /// the recovery checkpoint before any record is written. Covered by the header checksum,
+    /// so a record written after a recovery is never byte-identical to one written before it
+    /// at the same position, and a stale record left beyond a discarded one cannot chain onto
+    /// its successor (docs/format.md, "the post-recovery chain rule").
+    pub epoch: U64,
     /// Zero.
-    pub reserved: [u8; 12],
+    pub reserved: [u8; 4],
 }
 
 /// One entry of a record header.
@@ -73,6 +79,10 @@ pub enum EntryKind {
     MarkClean = 3,
     /// The block was discarded: forget any cached copy.
     Trim = 4,
+    /// The block's only dirty copy (at `ref_position`) failed its checksum: it reads as an
+    /// I/O error until it is written again. Never written after a record holding newer data
+    /// of the block (docs/format.md, "lost blocks").
+    Lost = 5,
 }
 
 impl EntryKind {
@@ -86,6 +96,7 @@ impl EntryKind {
             2 => EntryKind::DataClean,
             3 => EntryKind::MarkClean,
             4 => EntryKind::Trim,
+            5 => EntryKind::Lost,
             _ => return None,
         })
     }
@@ -105,6 +116,7 @@ pub struct RecordHeader {
     pub position: u64,
     pub head_position: u64,
     pub prev_checksum: u32,
+    pub epoch: u64,
     pub entries: Vec<RecordEntry>,
 }
 
@@ -136,7 +148,8 @@ impl RecordHeader {
             position: U64::new(self.position),
             head_position: U64::new(self.head_position),
             prev_checksum: U32::new(self.prev_checksum),
-            reserved: [0; 12],
+            epoch: U64::new(self.epoch),
+            reserved: [0; 4],
         };
         block[..RECORD_HEADER_SIZE].copy_from_slice(fixed.as_bytes());
         for (i, e) in self.entries.iter().enumerate() {
@@ -214,6 +227,7 @@ impl RecordHeader {
             position: fixed.position.get(),
             head_position: fixed.head_position.get(),
             prev_checksum: fixed.prev_checksum.get(),
+            epoch: fixed.epoch.get(),
             entries,
         };
         if fixed.flags.get() != 0 || fixed.reserved.iter().any(|&b| b != 0) {
@@ -245,11 +259,13 @@ mod tests {
             position: 12345,
             head_position: 10000,
             prev_checksum: 0x5555,
+            epoch: 3,
             entries: vec![
                 RecordEntry { kind: EntryKind::DataDirty, backing_block: 5, data_crc: 0xabc, ref_position: 0 },
                 RecordEntry { kind: EntryKind::MarkClean, backing_block: 6, data_crc: 0, ref_position: 12000 },
                 RecordEntry { kind: EntryKind::DataClean, backing_block: 7, data_crc: 0xdef, ref_position: 0 },
                 RecordEntry { kind: EntryKind::Trim, backing_block: 8, data_crc: 0, ref_position: 0 },
+                RecordEntry { kind: EntryKind::Lost, backing_block: 9, data_crc: 0, ref_position: 12001 },
             ],
         }
     }

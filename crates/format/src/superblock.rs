@@ -57,12 +57,15 @@ pub struct SuperblockDisk {
     pub mode: U32,
     /// Identity of the backing device: its size...
     pub backing_size_bytes: U64,
-    /// ...and the CRC-32C of its last block. The destager keeps this true: before it
-    /// writes that block, it records the new CRC in `backing_fingerprint_next` (and sets
-    /// flag bit 0), so that an attach in between accepts either.
-    pub backing_fingerprint: U32,
-    pub backing_fingerprint_next: U32,
-    /// Bit 0: `backing_fingerprint_next` is valid.
+    /// ...and the CRC-32C of each of its fingerprint blocks (`Superblock::fingerprint_blocks`:
+    /// the first blocks, where partition tables, file systems, LVM, MD and LUKS keep their
+    /// signatures, and the last block, where GPT keeps its backup and MD 0.90/1.0 their
+    /// superblocks). The destager keeps them true: before it writes one of those blocks, it
+    /// records the new CRC in `fingerprint_next[i]` (and sets flag bit i), so that an attach
+    /// in between accepts either.
+    pub fingerprint_crc: [U32; FINGERPRINT_BLOCKS],
+    pub fingerprint_next: [U32; FINGERPRINT_BLOCKS],
+    /// Bit i: `fingerprint_next[i]` is valid.
     pub fingerprint_flags: U32,
     /// Destaging starts above `high`, stops below `low`; per mille of the log.
     pub dirty_low_permille: U16,
@@ -71,8 +74,24 @@ pub struct SuperblockDisk {
     pub created_unix_secs: U64,
     /// The backing device's path at format time, NUL-padded (informational: paths change).
     pub backing_path: [u8; 128],
+    /// The stable identity the kernel reports for a backing block device (WWN, serial or a
+    /// /dev/disk/by-id name), NUL-padded; empty for files and devices that report none. A
+    /// device reporting another identity is refused.
+    pub backing_id: [u8; 64],
     /// Zero; room for future fields.
-    pub reserved: [u8; 240],
+    pub reserved: [u8; 152],
+}
+
+/// Backing blocks fingerprinted in the superblock.
+pub const FINGERPRINT_BLOCKS: usize = 4;
+
+/// What the superblock remembers of one fingerprint block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Fingerprint {
+    /// CRC-32C of the block's content on the backing device.
+    pub crc: u32,
+    /// Set while a write-back of this block is in flight: its new content's CRC.
+    pub next: Option<u32>,
 }
 
 const _: () = assert!(std::mem::size_of::<SuperblockDisk>() == SUPERBLOCK_SIZE);
@@ -86,12 +105,37 @@ pub struct Superblock {
     pub layout: Layout,
     pub mode: VolumeMode,
     pub backing_size_bytes: u64,
-    pub backing_fingerprint: u32,
-    pub backing_fingerprint_next: Option<u32>,
+    /// One per `fingerprint_blocks()`, in that order.
+    pub backing_fingerprints: [Fingerprint; FINGERPRINT_BLOCKS],
     pub dirty_low_permille: u16,
     pub dirty_high_permille: u16,
     pub created_unix_secs: u64,
     pub backing_path: String,
+    /// The backing block device's stable identity, or empty.
+    pub backing_id: String,
+}
+
+/// Copies a string into a NUL-padded field, cut at a character boundary.
+fn padded<const N: usize>(s: &str) -> [u8; N] {
+    let mut out = [0u8; N];
+    let mut n = s.len().min(N - 1);
+    while !s.is_char_boundary(n) {
+        n -= 1;
+    }
+    out[..n].copy_from_slice(&s.as_bytes()[..n]);
+    out
+}
+
+/// See `Superblock::fingerprint_blocks`.
+pub fn fingerprint_blocks(backing_size_bytes: u64, block_size: u32) -> [u64; FINGERPRINT_BLOCKS] {
+    let bs = u64::from(block_size);
+    let last = backing_size_bytes / bs - 1;
+    [0, 4096 / bs, 65536 / bs, last].map(|b| b.min(last))
+}
+
+fn unpadded(field: &[u8]) -> String {
+    let len = field.iter().position(|&b| b == 0).unwrap_or(field.len());
+    String::from_utf8_lossy(&field[..len]).into_owned()
 }
 
 impl Superblock {
@@ -99,14 +143,9 @@ impl Superblock {
     pub fn encode(&self, block: &mut [u8]) {
         assert!(block.len() >= SUPERBLOCK_SIZE);
         block.fill(0);
-        let mut path = [0u8; 128];
-        let p = self.backing_path.as_bytes();
-        let mut n = p.len().min(127);
-        while !self.backing_path.is_char_boundary(n) {
-            n -= 1;
-        }
-        path[..n].copy_from_slice(&p[..n]);
         let l = &self.layout;
+        let fp = &self.backing_fingerprints;
+        let flags = fp.iter().enumerate().fold(0u32, |f, (i, x)| f | (u32::from(x.next.is_some()) << i));
         let disk = SuperblockDisk {
             checksum: U32::new(0),
             padding0: U32::new(0),
@@ -125,14 +164,15 @@ impl Superblock {
             segment_blocks: U32::new(l.segment_blocks),
             mode: U32::new(self.mode as u32),
             backing_size_bytes: U64::new(self.backing_size_bytes),
-            backing_fingerprint: U32::new(self.backing_fingerprint),
-            backing_fingerprint_next: U32::new(self.backing_fingerprint_next.unwrap_or(0)),
-            fingerprint_flags: U32::new(u32::from(self.backing_fingerprint_next.is_some())),
+            fingerprint_crc: fp.map(|x| U32::new(x.crc)),
+            fingerprint_next: fp.map(|x| U32::new(x.next.unwrap_or(0))),
+            fingerprint_flags: U32::new(flags),
             dirty_low_permille: U16::new(self.dirty_low_permille),
             dirty_high_permille: U16::new(self.dirty_high_permille),
             created_unix_secs: U64::new(self.created_unix_secs),
-            backing_path: path,
-            reserved: [0; 240],
+            backing_path: padded(&self.backing_path),
+            backing_id: padded(&self.backing_id),
+            reserved: [0; 152],
         };
         let bytes = &mut block[..SUPERBLOCK_SIZE];
         bytes.copy_from_slice(disk.as_bytes());
@@ -162,7 +202,7 @@ impl Superblock {
             return Err(FormatError::NewerVersion { what: WHAT, found: version, supported: FORMAT_VERSION });
         }
         if version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion { what: WHAT, found: version, supported: FORMAT_VERSION });
+            return Err(FormatError::OlderVersion { what: WHAT, found: version, supported: FORMAT_VERSION });
         }
         let invalid = |field, why: String| FormatError::Invalid { what: WHAT, field, why };
         let mode = match disk.mode.get() {
@@ -196,10 +236,15 @@ impl Superblock {
         if disk.backing_size_bytes.get() / bs > MAX_BACKING_BLOCKS {
             return Err(invalid("backing_size_bytes", "more blocks than the index can address".into()));
         }
-        if disk.padding0.get() != 0 || disk.reserved.iter().any(|&b| b != 0) || disk.fingerprint_flags.get() > 1 {
+        let flags = disk.fingerprint_flags.get();
+        if disk.padding0.get() != 0 || disk.reserved.iter().any(|&b| b != 0) || flags >> FINGERPRINT_BLOCKS != 0 {
             return Err(invalid("reserved", "non-zero padding".into()));
         }
-        let path_len = disk.backing_path.iter().position(|&b| b == 0).unwrap_or(128);
+        let mut backing_fingerprints = [Fingerprint::default(); FINGERPRINT_BLOCKS];
+        for (i, f) in backing_fingerprints.iter_mut().enumerate() {
+            f.crc = disk.fingerprint_crc[i].get();
+            f.next = (flags >> i & 1 == 1).then(|| disk.fingerprint_next[i].get());
+        }
         Ok(Superblock {
             sequence: disk.sequence.get(),
             uuid: disk.uuid,
@@ -207,14 +252,21 @@ impl Superblock {
             layout,
             mode,
             backing_size_bytes: disk.backing_size_bytes.get(),
-            backing_fingerprint: disk.backing_fingerprint.get(),
-            backing_fingerprint_next: (disk.fingerprint_flags.get() & 1 == 1)
-                .then(|| disk.backing_fingerprint_next.get()),
+            backing_fingerprints,
             dirty_low_permille: low,
             dirty_high_permille: high,
             created_unix_secs: disk.created_unix_secs.get(),
-            backing_path: String::from_utf8_lossy(&disk.backing_path[..path_len]).into_owned(),
+            backing_path: unpadded(&disk.backing_path),
+            backing_id: unpadded(&disk.backing_id),
         })
+    }
+
+    /// The backing blocks whose CRCs identify the backing device, in `backing_fingerprints`
+    /// order: the blocks holding bytes 0 (MBR, LUKS, XFS, ext2/3/4 at 1024, LVM2 at 512),
+    /// 4096 (GPT entries, MD 1.2, swap's signature page end) and 65536 (Btrfs), and the last
+    /// block (GPT backup header, MD 0.90/1.0). With large blocks some coincide.
+    pub fn fingerprint_blocks(&self) -> [u64; FINGERPRINT_BLOCKS] {
+        fingerprint_blocks(self.backing_size_bytes, self.layout.block_size)
     }
 
     /// The recovery decision for the two copies (docs/format.md, "Superblock"): the valid
@@ -255,12 +307,17 @@ mod tests {
             layout: Layout::compute(64 << 20, 4096, 256).unwrap(),
             mode: VolumeMode::WriteBack,
             backing_size_bytes: 1 << 30,
-            backing_fingerprint: 0xdead_beef,
-            backing_fingerprint_next: Some(42),
+            backing_fingerprints: [
+                Fingerprint { crc: 0xdead_beef, next: Some(42) },
+                Fingerprint { crc: 1, next: None },
+                Fingerprint { crc: 2, next: Some(0) },
+                Fingerprint { crc: 3, next: None },
+            ],
             dirty_low_permille: 200,
             dirty_high_permille: 600,
             created_unix_secs: 1_700_000_000,
             backing_path: "/dev/slow".into(),
+            backing_id: "wwn-0x5000c500a1b2c3d4".into(),
         }
     }
 
@@ -287,12 +344,31 @@ mod tests {
     fn newer_version_is_refused_by_name() {
         let mut block = vec![0u8; 4096];
         sample().encode(&mut block);
-        block[16..20].copy_from_slice(&2u32.to_le_bytes());
+        block[16..20].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
         let crc = crate::checksum(&block[4..SUPERBLOCK_SIZE]);
         block[..4].copy_from_slice(&crc.to_le_bytes());
         let e = Superblock::decode(&block).unwrap_err();
-        assert!(matches!(e, FormatError::NewerVersion { found: 2, .. }), "{e}");
+        assert!(matches!(e, FormatError::NewerVersion { found, .. } if found == FORMAT_VERSION + 1), "{e}");
         assert!(e.to_string().contains("upgrade tiercache"));
+    }
+
+    #[test]
+    fn older_version_is_refused_by_name() {
+        let mut block = vec![0u8; 4096];
+        sample().encode(&mut block);
+        block[16..20].copy_from_slice(&1u32.to_le_bytes());
+        let crc = crate::checksum(&block[4..SUPERBLOCK_SIZE]);
+        block[..4].copy_from_slice(&crc.to_le_bytes());
+        let e = Superblock::decode(&block).unwrap_err();
+        assert!(matches!(e, FormatError::OlderVersion { found: 1, .. }), "{e}");
+        assert!(e.to_string().contains("older tiercache"), "{e}");
+    }
+
+    #[test]
+    fn fingerprint_blocks_cover_the_signature_places() {
+        assert_eq!(fingerprint_blocks(1 << 30, 4096), [0, 1, 16, (1 << 30) / 4096 - 1]);
+        assert_eq!(fingerprint_blocks(1 << 30, 65536), [0, 0, 1, (1 << 30) / 65536 - 1]);
+        assert_eq!(fingerprint_blocks(8192, 4096), [0, 1, 1, 1]);
     }
 
     #[test]
