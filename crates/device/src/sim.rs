@@ -184,6 +184,17 @@ impl SimDevice {
         self.lock().faults.vanished = true;
     }
 
+    /// Silent corruption of the medium: `data` replaces the bytes at `offset` in the durable
+    /// state and in what reads see, with no error and no flush (bit rot, a misdirected
+    /// write by the firmware). Pending writes over the range still land at a crash.
+    pub fn corrupt(&self, offset: u64, data: &[u8]) {
+        let start = usize::try_from(offset).expect("fits");
+        assert!(start + data.len() <= self.size_bytes as usize, "corruption beyond the device");
+        let mut s = self.lock();
+        s.durable[start..start + data.len()].copy_from_slice(data);
+        s.current[start..start + data.len()].copy_from_slice(data);
+    }
+
     /// Removes every fault (the device works again, as after a power cycle).
     pub fn clear_faults(&self) {
         self.lock().faults = SimFaults::default();

@@ -20,7 +20,7 @@
 use crate::error::{EngineError, Result};
 use crate::index::{Index, IndexEntry};
 use crate::volume::{read_log, Recovered, Volume, VolumeOptions};
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use tiercache_device::{AlignedBuf, BlockDevice, Clock};
 use tiercache_format::constants::*;
@@ -275,9 +275,13 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
         )));
     }
 
-    // Pass 1: find the valid log tail (the longest chain of valid records from the
-    // checkpoint), keeping the headers.
-    let mut records: Vec<(u64, RecordHeader)> = Vec::new();
+    // Pass 1: find the valid log tail, keeping the headers. The chain is followed through
+    // valid headers; a record whose data fails its checksums ends the replay (a torn tail)
+    // unless a record of the chain vouches it was durable before (`durable_back`): then the
+    // damage is corruption of acknowledged data, its blocks are declared lost, and replay
+    // goes on.
+    let mut records: Vec<(u64, RecordHeader, Vec<usize>)> = Vec::new();
+    let mut evidence = ck.next_record_sequence.saturating_sub(1);
     let mut pos = ck.log_position;
     let mut seq = ck.next_record_sequence;
     let mut prev = ck.prev_record_checksum;
@@ -307,23 +311,37 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
         if nd > 0 {
             read_log(cache, &layout, pos + 1, &mut data[..nd * bs])?;
         }
-        let data_ok = h
+        let bad: Vec<usize> = h
             .entries
             .iter()
             .filter(|e| e.kind.has_data())
             .enumerate()
-            .all(|(k, e)| checksum(&data[k * bs..(k + 1) * bs]) == e.data_crc);
-        if !data_ok {
-            break; // torn record
-        }
+            .filter(|(k, e)| checksum(&data[k * bs..(k + 1) * bs]) != e.data_crc)
+            .map(|(k, _)| k)
+            .collect();
+        evidence = evidence.max(h.durable_sequence());
         head = h.head_position;
         epoch = h.epoch;
         prev = RecordHeader::stored_checksum(&header_block);
         seq += 1;
-        records.push((pos, h));
+        records.push((pos, h, bad));
         pos = end;
     }
-    let tail = pos;
+    // The tail: the first damaged record nothing vouches for (a torn write that was never
+    // acknowledged) ends the log; records after it are dropped with it.
+    if let Some(cut) = records.iter().position(|(_, h, bad)| !bad.is_empty() && h.sequence > evidence) {
+        records.truncate(cut);
+    }
+    let (tail, head, epoch, seq, prev) = match records.last() {
+        Some((pos, h, _)) => {
+            let crc = {
+                read_log(cache, &layout, *pos, &mut header_block)?;
+                RecordHeader::stored_checksum(&header_block)
+            };
+            (pos + h.total_blocks(), h.head_position, h.epoch.max(ck.epoch), h.sequence + 1, crc)
+        }
+        None => (ck.log_position, ck.head_position, ck.epoch, ck.next_record_sequence, ck.prev_record_checksum),
+    };
 
     // Pass 2: build the index, keeping only blocks whose position is live in [head, tail).
     // A checkpoint entry's position is taken relative to the checkpoint (its slot may have
@@ -331,7 +349,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
     // not show).
     let mut index = Index::with_capacity(log_blocks as usize);
     // Lost blocks: backing block -> the position of the copy that failed (0 for tombstones).
-    let mut lost: HashMap<u64, u64> = HashMap::new();
+    let mut lost: BTreeMap<u64, u64> = BTreeMap::new();
     for e in &entries {
         if e.lost {
             lost.insert(e.backing_block, 0);
@@ -346,13 +364,28 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
             );
         }
     }
-    for (pos, h) in &records {
+    for (pos, h, bad) in &records {
         let mut k = 0u64;
         for e in &h.entries {
             match e.kind {
                 EntryKind::DataDirty | EntryKind::DataClean => {
                     let position = pos + 1 + k;
+                    let damaged = bad.contains(&(k as usize));
                     k += 1;
+                    if damaged {
+                        // Acknowledged data corrupted on the medium. A clean copy equals the
+                        // backing device's: forget it. A dirty one was the newest version.
+                        index.remove(e.backing_block);
+                        if e.kind == EntryKind::DataDirty {
+                            tracing::error!(
+                                block = e.backing_block,
+                                position,
+                                "replayed dirty block fails its checksum: lost"
+                            );
+                            lost.insert(e.backing_block, position);
+                        }
+                        continue;
+                    }
                     if e.kind == EntryKind::DataDirty {
                         lost.remove(&e.backing_block); // newer data ends a loss
                     }

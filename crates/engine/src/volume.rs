@@ -28,14 +28,17 @@ use crate::constants::*;
 use crate::error::{EngineError, Result};
 use crate::index::{Index, IndexEntry};
 use serde::Serialize;
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, MutexGuard};
+// The engine's locks yield to the simulator's scheduler inside a simulation (and are plain
+// std mutexes otherwise): see tiercache-sched.
 use tiercache_device::{AlignedBuf, BlockDevice, Clock};
 use tiercache_format::{
     checksum, uuid_low64, CheckpointEntry, CheckpointHeader, EntryKind, Fingerprint, Layout, RecordEntry, RecordHeader,
     Superblock, FINGERPRINT_BLOCKS,
 };
+use tiercache_sched::Mutex;
 
 /// Deliberately broken commit orders, to prove that the torture test catches them. Never set
 /// outside tests and the `torture --sabotage` demonstration.
@@ -247,6 +250,9 @@ struct State {
     /// compares these (not sequence numbers, which reclaim markers also consume).
     sealed: u64,
     durable_sealed: u64,
+    /// The highest record sequence known durable (written before a completed cache flush);
+    /// each record carries it (`durable_back`) as evidence for recovery.
+    durable_seq: u64,
     /// Where the last completed record write ends: log walkers never read past it (a record
     /// between here and `tail` is still being written).
     written_tail: u64,
@@ -262,7 +268,7 @@ struct State {
     fills: HashMap<u64, (u32, bool)>,
     /// Dirty blocks whose only copy failed its checksum: reads fail until a record holding
     /// newer data of the block is written (see `Lost`).
-    lost: HashMap<u64, Lost>,
+    lost: BTreeMap<u64, Lost>,
     /// The epoch of the records this run writes (one more than recovery found).
     epoch: u64,
     poisoned: Option<String>,
@@ -422,6 +428,7 @@ impl Volume {
                 last_header_crc: r.last_header_crc,
                 sealed: 0,
                 durable_sealed: 0,
+                durable_seq: 0,
                 written_tail: r.tail,
                 precleaned_until: r.head,
                 checkpoint_position: r.checkpoint_position,
@@ -616,7 +623,12 @@ impl Volume {
     /// Flushes the cache device; afterwards every record written so far is durable.
     /// Called with the io lock held.
     fn flush_cache(&self, skip: bool) -> Result<()> {
-        let upto = self.lock().sealed;
+        // With the io lock held no record write is in progress: every sequence below
+        // `next_seq` has been written and this flush covers it.
+        let (upto, written_seq) = {
+            let st = self.lock();
+            (st.sealed, st.next_seq - 1)
+        };
         if !skip {
             if let Err(e) = self.cache.flush() {
                 let e = EngineError::cache(e);
@@ -629,6 +641,9 @@ impl Volume {
         // must not report durability (no retried fsync).
         st.check_poisoned()?;
         st.durable_sealed = st.durable_sealed.max(upto);
+        if !skip {
+            st.durable_seq = st.durable_seq.max(written_seq);
+        }
         st.counters.cache_flushes += 1;
         Ok(())
     }
@@ -673,6 +688,7 @@ impl Volume {
             head_position: st.head,
             prev_checksum: st.last_header_crc,
             epoch: st.epoch,
+            durable_back: RecordHeader::durable_back_for(st.next_seq, st.durable_seq),
             // Metadata first: a TRIM or MarkClean was queued before any data of the same block
             // staged after it, and replay applies entries in order.
             entries: st
@@ -920,6 +936,7 @@ impl Volume {
                 head_position: new_head,
                 prev_checksum: st.last_header_crc,
                 epoch: st.epoch,
+                durable_back: RecordHeader::durable_back_for(st.next_seq, st.durable_seq),
                 entries,
             };
             st.last_header_crc = header.encode(self.uuid_low, &mut io.copy[..bs]);

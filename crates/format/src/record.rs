@@ -44,8 +44,13 @@ pub struct RecordHeaderDisk {
     /// at the same position, and a stale record left beyond a discarded one cannot chain onto
     /// its successor (docs/format.md, "the post-recovery chain rule").
     pub epoch: U64,
-    /// Zero.
-    pub reserved: [u8; 4],
+    /// `sequence` minus the highest record sequence known durable (written, then covered by
+    /// a completed cache flush) when this record was sealed; saturates at `u32::MAX`, which
+    /// only understates. Evidence for recovery: a record whose data fails its checksums but
+    /// which a later record vouches for was durable, so the damage is corruption of
+    /// acknowledged data (those blocks are lost, replay goes on), not a torn tail (replay
+    /// stops there). See docs/format.md, "torn or corrupt".
+    pub durable_back: U32,
 }
 
 /// One entry of a record header.
@@ -117,6 +122,8 @@ pub struct RecordHeader {
     pub head_position: u64,
     pub prev_checksum: u32,
     pub epoch: u64,
+    /// See `RecordHeaderDisk::durable_back`.
+    pub durable_back: u32,
     pub entries: Vec<RecordEntry>,
 }
 
@@ -124,6 +131,17 @@ impl RecordHeader {
     /// Data blocks that follow the header.
     pub fn data_blocks(&self) -> usize {
         self.entries.iter().filter(|e| e.kind.has_data()).count()
+    }
+
+    /// The highest record sequence this record vouches was durable before it was sealed.
+    pub fn durable_sequence(&self) -> u64 {
+        self.sequence.saturating_sub(u64::from(self.durable_back))
+    }
+
+    /// The `durable_back` value for a record of `sequence` when `durable` is the highest
+    /// sequence known durable.
+    pub fn durable_back_for(sequence: u64, durable: u64) -> u32 {
+        u32::try_from(sequence.saturating_sub(durable)).unwrap_or(u32::MAX)
     }
 
     /// Blocks the whole record occupies in the log.
@@ -149,7 +167,7 @@ impl RecordHeader {
             head_position: U64::new(self.head_position),
             prev_checksum: U32::new(self.prev_checksum),
             epoch: U64::new(self.epoch),
-            reserved: [0; 4],
+            durable_back: U32::new(self.durable_back),
         };
         block[..RECORD_HEADER_SIZE].copy_from_slice(fixed.as_bytes());
         for (i, e) in self.entries.iter().enumerate() {
@@ -228,9 +246,10 @@ impl RecordHeader {
             head_position: fixed.head_position.get(),
             prev_checksum: fixed.prev_checksum.get(),
             epoch: fixed.epoch.get(),
+            durable_back: fixed.durable_back.get(),
             entries,
         };
-        if fixed.flags.get() != 0 || fixed.reserved.iter().any(|&b| b != 0) {
+        if fixed.flags.get() != 0 {
             return Err(invalid("reserved", "non-zero reserved bits".into()));
         }
         if header.data_blocks() != usize::from(fixed.data_blocks.get()) {
@@ -260,6 +279,7 @@ mod tests {
             head_position: 10000,
             prev_checksum: 0x5555,
             epoch: 3,
+            durable_back: 2,
             entries: vec![
                 RecordEntry { kind: EntryKind::DataDirty, backing_block: 5, data_crc: 0xabc, ref_position: 0 },
                 RecordEntry { kind: EntryKind::MarkClean, backing_block: 6, data_crc: 0, ref_position: 12000 },

@@ -1,0 +1,1133 @@
+//! tiercache's concurrent crash simulator (`tiercache torture`, the default mode).
+//!
+//! One seed drives one whole run, replayed exactly: the geometry, every actor's choices, the
+//! device latencies, the faults, the crash points and the thread interleaving (a
+//! deterministic cooperative scheduler, `tiercache-sched`: one OS thread per actor, one runs
+//! at a time, switching at every engine lock and every device I/O).
+//!
+//! Each cycle, on a small log (so reclaim, checkpoints and wrap-around happen constantly):
+//! - client actors (1 to 3, each owning a range of blocks, as a database owns its files):
+//!   full-block writes, identical rewrites, FUA writes, partial-block and unaligned writes
+//!   (read-modify-write), write-zeroes (aligned and not), discards, reads checked exactly,
+//!   flushes; after a crash a client may first redo its unflushed writes, byte for byte, as
+//!   a database replays its journal;
+//! - a destager actor (write-back batches, the head pre-cleaner) and a background actor
+//!   (background ticks, checkpoints);
+//! - in some cycles, a corrupter: silent corruption of durable cache blocks holding data
+//!   (clean or dirty), and latent read errors; and device failures at a random I/O;
+//! - a crasher: power is cut at a random step (both devices at once, mid-operation); in
+//!   some recoveries too, so crashes land inside recovery and its checkpoint.
+//! Devices run on virtual time: the cache fast, the backing device slow (milliseconds per
+//! write and up to hundreds per flush), so the log laps several times during one write-back.
+//! After the crash every unflushed write on both devices is dropped, applied or torn.
+//!
+//! The oracle knows, for every block, which contents a read may return: live, exactly the
+//! client's last completed write (or an I/O error once its only dirty copy was corrupted);
+//! after a crash, the last flushed content or any content completed (or attempted) after it,
+//! or an I/O error if corruption hit it. It counts lost writes, stale reads, corrupt reads
+//! (never written), wrongly lost blocks (EIO without corruption), unexpected errors,
+//! recovery failures, panics and deadlocks.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tiercache_device::{BlockDevice, Clock, FailMode, OpKind, SimClock, SimDevice};
+use tiercache_engine::{create, CreateOptions, EngineError, Role, Sabotage, Volume, VolumeOptions};
+use tiercache_format::Layout;
+use tiercache_sched::{yield_now, Joined, Sched};
+
+const BS: usize = 4096;
+/// Virtual time that passes at each scheduling point.
+const QUANTUM_NS: u64 = 50_000;
+/// Scheduling points one seed may take before it is declared stuck (a deadlock or livelock).
+const MAX_STEPS: u64 = 20_000_000;
+
+/// What to run.
+#[derive(Debug, Clone, Copy)]
+pub struct SimConfig {
+    pub seed: u64,
+    /// Crash cycles.
+    pub cycles: u64,
+    /// Most operations per client per cycle.
+    pub ops: u64,
+    pub sabotage: Sabotage,
+}
+
+impl Default for SimConfig {
+    fn default() -> Self {
+        SimConfig { seed: 1, cycles: 8, ops: 60, sabotage: Sabotage::None }
+    }
+}
+
+/// Kinds of contract violation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ViolationKind {
+    /// After a crash, a block reads older than its last flushed content.
+    LostWrite,
+    /// Live, a block reads other than its last completed write.
+    StaleRead,
+    /// Data that was never written to that block (torn, garbage, another block's).
+    CorruptRead,
+    /// An I/O error "lost block" for a block whose data was never corrupted.
+    WronglyLost,
+    UnexpectedError,
+    RecoveryFailed,
+    Panic,
+    /// The run stopped making progress (deadlock or livelock).
+    Stuck,
+}
+
+/// One violation, with what is needed to replay it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Violation {
+    pub seed: u64,
+    pub cycle: u64,
+    pub kind: ViolationKind,
+    pub block: Option<u64>,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SimReport {
+    pub seed: u64,
+    pub cycles: u64,
+    pub operations: u64,
+    pub crashes: u64,
+    pub crashes_during_recovery: u64,
+    pub clean_shutdowns: u64,
+    pub device_failures: u64,
+    pub corruptions: u64,
+    pub latent_read_errors: u64,
+    pub lost_block_errors: u64,
+    pub scheduling_steps: u64,
+    pub records_written: u64,
+    pub destaged_blocks: u64,
+    pub reclaimed_blocks: u64,
+    pub copied_forward_blocks: u64,
+    pub checkpoints: u64,
+    pub log_laps: u64,
+    pub violations: Vec<Violation>,
+}
+
+impl SimReport {
+    pub fn passed(&self) -> bool {
+        self.violations.is_empty()
+    }
+}
+
+/// A device on virtual time: each I/O is a scheduling point and waits (yielding) for its
+/// latency, drawn from the device's range, before it takes effect.
+struct TimedDevice {
+    inner: Arc<SimDevice>,
+    clock: SimClock,
+    read_ns: (u64, u64),
+    write_ns: (u64, u64),
+    flush_ns: (u64, u64),
+    /// Chance that an I/O stalls ten times longer (a slow device's hiccup).
+    stall: f64,
+    rng: Mutex<ChaCha8Rng>,
+}
+
+impl TimedDevice {
+    fn wait(&self, (lo, hi): (u64, u64)) {
+        yield_now();
+        let ns = {
+            let mut rng = self.rng.lock().expect("rng");
+            let ns = rng.gen_range(lo..=hi);
+            if rng.gen_bool(self.stall) {
+                ns * 10
+            } else {
+                ns
+            }
+        };
+        let deadline = self.clock.now_ns() + ns;
+        while self.clock.now_ns() < deadline {
+            yield_now();
+        }
+    }
+}
+
+impl BlockDevice for TimedDevice {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
+        self.wait(self.read_ns);
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
+        self.wait(self.write_ns);
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> tiercache_device::Result<()> {
+        self.wait(self.flush_ns);
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
+        self.wait(self.write_ns);
+        self.inner.discard(offset, len)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+/// Debugging aid: `SIM_TRACE_BLOCK=N` prints every event of block N.
+fn trace(block: u64, what: impl FnOnce() -> String) {
+    static WATCH: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+    let watch = WATCH.get_or_init(|| std::env::var("SIM_TRACE_BLOCK").ok().and_then(|s| s.parse().ok()));
+    if *watch == Some(block) {
+        eprintln!("[block {block}] {}", what());
+    }
+}
+
+fn hash(data: &[u8]) -> u64 {
+    let mut h = DefaultHasher::new();
+    data.hash(&mut h);
+    h.finish()
+}
+
+/// What the oracle knows of one block. Contents are hashes; `None` is "lost" (reads fail).
+#[derive(Debug, Clone)]
+struct BlockModel {
+    /// The content that survives any crash.
+    floor: Option<u64>,
+    /// Contents completed after `floor`, with the scheduling step at completion.
+    newer: Vec<(u64, u64)>,
+    /// Contents of writes that failed or were cut: they may or may not have landed.
+    maybe: Vec<u64>,
+    /// The newest completed content's bytes (`None`: known lost).
+    current: Option<Vec<u8>>,
+    /// Every content ever written here (to tell stale from garbage).
+    all: Vec<u64>,
+    /// Set when a durable cache copy of this block's dirty data was corrupted: reads may fail
+    /// with "lost block" until a write completed after it is flushed.
+    corrupted_at: Option<u64>,
+}
+
+#[derive(Default)]
+struct Counters {
+    operations: AtomicU64,
+    corruptions: AtomicU64,
+    latent: AtomicU64,
+    lost_errors: AtomicU64,
+}
+
+/// Everything the actors share. The model is behind a std mutex held only between
+/// scheduling points, so it never interleaves.
+struct World {
+    seed: u64,
+    cycle: AtomicU64,
+    model: Mutex<Vec<BlockModel>>,
+    violations: Mutex<Vec<Violation>>,
+    next_version: AtomicU64,
+    /// Power was cut (or a device failed) this cycle: errors are expected from then on.
+    faulted: AtomicBool,
+    counters: Counters,
+    /// Per client: the writes since its last flush (offset, bytes), to redo after a crash.
+    redo: Mutex<Vec<Vec<(u64, Vec<u8>)>>>,
+    cache: Arc<SimDevice>,
+    backing: Arc<SimDevice>,
+    /// Content hash -> a readable name (for violation reports).
+    names: Mutex<std::collections::HashMap<u64, String>>,
+    /// Failed device operations when the cycle began: more means a fault was injected.
+    failed_base: AtomicU64,
+}
+
+impl World {
+    fn failed_ops(&self) -> u64 {
+        self.cache.stats().failed_ops + self.backing.stats().failed_ops
+    }
+
+    /// Whether errors are to be expected: power was cut or a device operation failed.
+    fn fault_seen(&self) -> bool {
+        self.faulted.load(Ordering::Relaxed) || self.failed_ops() > self.failed_base.load(Ordering::Relaxed)
+    }
+
+    fn violation(&self, kind: ViolationKind, block: Option<u64>, detail: String) {
+        let mut v = self.violations.lock().expect("violations");
+        if v.len() < 20 {
+            v.push(Violation { seed: self.seed, cycle: self.cycle.load(Ordering::Relaxed), kind, block, detail });
+        }
+    }
+
+    /// A write of `data` at block `first` completed at `step`.
+    fn completed(&self, first: u64, data: &[u8], step: u64, fua: bool) {
+        let mut m = self.model.lock().expect("model");
+        for (i, chunk) in data.chunks(BS).enumerate() {
+            let b = &mut m[(first + i as u64) as usize];
+            let h = hash(chunk);
+            self.names.lock().expect("names").insert(h, describe(first + i as u64, chunk));
+            trace(first + i as u64, || {
+                format!("completed {} at step {step} fua {fua}", describe(first + i as u64, chunk))
+            });
+            b.all.push(h);
+            b.current = Some(chunk.to_vec());
+            if fua {
+                b.floor = Some(h);
+                b.newer.clear();
+                if b.corrupted_at.is_some_and(|c| c < step) {
+                    b.corrupted_at = None;
+                }
+            } else {
+                b.newer.push((h, step));
+            }
+        }
+    }
+
+    fn attempted(&self, first: u64, data: &[u8]) {
+        let mut m = self.model.lock().expect("model");
+        for (i, chunk) in data.chunks(BS).enumerate() {
+            let b = &mut m[(first + i as u64) as usize];
+            let h = hash(chunk);
+            self.names.lock().expect("names").insert(h, describe(first + i as u64, chunk));
+            b.all.push(h);
+            b.maybe.push(h);
+        }
+    }
+
+    /// A FLUSH that started at `start` returned Ok: every write completed before it is durable.
+    fn flushed(&self, start: u64) {
+        let mut m = self.model.lock().expect("model");
+        for b in m.iter_mut() {
+            if let Some(k) = b.newer.iter().rposition(|&(_, step)| step < start) {
+                trace(0, || String::new());
+                let (h, step) = b.newer[k];
+                b.floor = Some(h);
+                b.newer.drain(..=k);
+                if b.corrupted_at.is_some_and(|c| c < step) {
+                    b.corrupted_at = None;
+                }
+            }
+        }
+    }
+}
+
+/// One client's view: it owns blocks `lo..hi` and is their only writer.
+struct Client {
+    id: usize,
+    lo: u64,
+    hi: u64,
+    rng: ChaCha8Rng,
+    ops: u64,
+    redo_first: bool,
+}
+
+/// Why an actor stopped early.
+enum Stop {
+    Error,
+}
+
+fn fresh(world: &World, block: u64) -> Vec<u8> {
+    let v = world.next_version.fetch_add(1, Ordering::Relaxed);
+    let mut out = vec![0u8; BS];
+    tiercache_engine::torture::stamp(block, v, &mut out);
+    out
+}
+
+impl Client {
+    fn run(mut self, world: &World, volume: &Volume, sched: &Sched, cache: &SimDevice, backing: &SimDevice) {
+        if self.redo_first {
+            let redo = std::mem::take(&mut world.redo.lock().expect("redo")[self.id]);
+            for (offset, data) in redo {
+                if self.write(world, volume, sched, offset / BS as u64, data, false).is_err() {
+                    return;
+                }
+            }
+            if self.flush(world, volume, sched).is_err() {
+                return;
+            }
+        }
+        for _ in 0..self.ops {
+            world.counters.operations.fetch_add(1, Ordering::Relaxed);
+            let failed_before = cache.stats().failed_ops + backing.stats().failed_ops;
+            let r = match self.rng.gen_range(0..100) {
+                0..=29 => self.write_op(world, volume, sched, false),
+                30..=33 => self.write_op(world, volume, sched, true),
+                34..=41 => self.partial_op(world, volume, sched, false),
+                42..=45 => self.partial_op(world, volume, sched, true),
+                46..=69 => self.read_op(world, volume, cache, failed_before),
+                70..=84 => self.flush(world, volume, sched),
+                85..=89 => self.discard_op(world, volume),
+                _ => self.identical_rewrite(world, volume, sched),
+            };
+            if r.is_err() {
+                return;
+            }
+        }
+    }
+
+    fn span(&mut self, max: u64) -> (u64, u64) {
+        let start = self.rng.gen_range(self.lo..self.hi);
+        let n = self.rng.gen_range(1..=max).min(self.hi - start);
+        (start, n)
+    }
+
+    /// An engine error: expected once a fault was injected, a violation otherwise.
+    fn error(&self, world: &World, what: &str, e: &EngineError) -> Stop {
+        if !world.fault_seen() {
+            world.violation(ViolationKind::UnexpectedError, None, format!("client {}: {what}: {e}", self.id));
+        }
+        Stop::Error
+    }
+
+    fn write(
+        &mut self,
+        world: &World,
+        volume: &Volume,
+        sched: &Sched,
+        first: u64,
+        data: Vec<u8>,
+        fua: bool,
+    ) -> Result<(), Stop> {
+        let offset = first * BS as u64;
+        let r = if fua { volume.write_fua(offset, &data) } else { volume.write(offset, &data) };
+        match r {
+            Ok(()) => {
+                world.completed(first, &data, sched.steps(), fua);
+                let mut redo = world.redo.lock().expect("redo");
+                if fua {
+                    redo[self.id].clear();
+                } else {
+                    redo[self.id].push((offset, data));
+                }
+                Ok(())
+            }
+            Err(e) => {
+                world.attempted(first, &data);
+                Err(self.error(world, "write", &e))
+            }
+        }
+    }
+
+    fn write_op(&mut self, world: &World, volume: &Volume, sched: &Sched, fua: bool) -> Result<(), Stop> {
+        let (start, n) = self.span(8);
+        let data: Vec<u8> = (start..start + n).flat_map(|b| fresh(world, b)).collect();
+        self.write(world, volume, sched, start, data, fua)
+    }
+
+    /// Rewrites blocks with the content they hold (a database rewriting an unchanged page).
+    fn identical_rewrite(&mut self, world: &World, volume: &Volume, sched: &Sched) -> Result<(), Stop> {
+        let (start, n) = self.span(4);
+        let current: Option<Vec<u8>> = {
+            let m = world.model.lock().expect("model");
+            (start..start + n).map(|b| m[b as usize].current.clone()).collect::<Option<Vec<_>>>().map(|v| v.concat())
+        };
+        match current {
+            Some(data) => self.write(world, volume, sched, start, data, false),
+            None => Ok(()), // a known-lost block has no content to repeat
+        }
+    }
+
+    /// An unaligned write (or write-zeroes): the engine reads, modifies and writes the
+    /// partially covered edge blocks. Contents are computed from the client's own bytes.
+    fn partial_op(&mut self, world: &World, volume: &Volume, sched: &Sched, zeroes: bool) -> Result<(), Stop> {
+        let (start, n) = self.span(3);
+        let bytes = n * BS as u64;
+        let skip = self.rng.gen_range(0..BS as u64 / 2);
+        let cut = self.rng.gen_range(0..BS as u64 / 2);
+        let len = bytes - skip - cut;
+        let offset = start * BS as u64 + skip;
+        // Per block: its current bytes, needed where the block is only partly covered.
+        let before: Vec<Option<Vec<u8>>> = {
+            let m = world.model.lock().expect("model");
+            (start..start + n).map(|b| m[b as usize].current.clone()).collect()
+        };
+        let partly = |i: u64| (i == 0 && skip > 0) || (i == n - 1 && cut > 0);
+        let needs_lost = (0..n).find(|&i| partly(i) && before[i as usize].is_none());
+        let new_bytes: Vec<u8> = if zeroes {
+            vec![0u8; len as usize]
+        } else {
+            let src: Vec<u8> = (start..start + n).flat_map(|b| fresh(world, b)).collect();
+            src[skip as usize..(skip + len) as usize].to_vec()
+        };
+        let r = if zeroes { volume.write_zeroes(offset, len) } else { volume.write_bytes(offset, &new_bytes) };
+        if let Some(i) = needs_lost {
+            // A partly covered block is known lost: the read-modify-write must refuse.
+            return match r {
+                Err(EngineError::LostBlock { .. }) => Ok(()),
+                Err(e) => Err(self.error(world, "partial write", &e)),
+                Ok(()) => {
+                    world.violation(
+                        ViolationKind::StaleRead,
+                        Some(start + i),
+                        "a partial write over a lost block succeeded".into(),
+                    );
+                    Err(Stop::Error)
+                }
+            };
+        }
+        let mut after: Vec<u8> = before.iter().flat_map(|b| b.clone().unwrap_or_else(|| vec![0u8; BS])).collect();
+        after[skip as usize..(skip + len) as usize].copy_from_slice(&new_bytes);
+        match r {
+            Ok(()) => {
+                world.completed(start, &after, sched.steps(), false);
+                world.redo.lock().expect("redo")[self.id].push((start * BS as u64, after));
+                Ok(())
+            }
+            Err(EngineError::LostBlock { block }) => {
+                self.check_lost(world, block);
+                Ok(())
+            }
+            Err(e) => {
+                world.attempted(start, &after);
+                Err(self.error(world, "partial write", &e))
+            }
+        }
+    }
+
+    /// A "lost block" error is right only for a block whose dirty copy was corrupted.
+    fn check_lost(&self, world: &World, block: u64) {
+        world.counters.lost_errors.fetch_add(1, Ordering::Relaxed);
+        let mut m = world.model.lock().expect("model");
+        let b = &mut m[block as usize];
+        if b.corrupted_at.is_none() {
+            drop(m);
+            world.violation(ViolationKind::WronglyLost, Some(block), "reported lost, never corrupted".into());
+        } else {
+            b.current = None;
+        }
+    }
+
+    fn read_op(&mut self, world: &World, volume: &Volume, cache: &SimDevice, failed_before: u64) -> Result<(), Stop> {
+        let (start, n) = self.span(8);
+        let mut buf = vec![0u8; n as usize * BS];
+        match volume.read(start * BS as u64, &mut buf) {
+            Ok(()) => {
+                let m = world.model.lock().expect("model");
+                for i in 0..n {
+                    let block = start + i;
+                    let got = &buf[i as usize * BS..(i as usize + 1) * BS];
+                    let b = &m[block as usize];
+                    let detail = match &b.current {
+                        Some(expect) if expect.as_slice() == got => continue,
+                        None => "a lost block served data".to_string(),
+                        Some(_) => describe(block, got),
+                    };
+                    let kind = if b.all.contains(&hash(got)) || b.current.is_none() {
+                        ViolationKind::StaleRead
+                    } else {
+                        ViolationKind::CorruptRead
+                    };
+                    drop(m);
+                    world.violation(kind, Some(block), format!("client {} live read: {detail}", self.id));
+                    return Err(Stop::Error);
+                }
+                Ok(())
+            }
+            Err(EngineError::LostBlock { block }) => {
+                self.check_lost(world, block);
+                Ok(())
+            }
+            Err(EngineError::Device { role: Role::Cache, .. }) if cache.stats().failed_ops > failed_before => {
+                world.counters.latent.fetch_add(1, Ordering::Relaxed);
+                Ok(()) // a latent read error of the cache device, reported as such
+            }
+            Err(e) => Err(self.error(world, "read", &e)),
+        }
+    }
+
+    fn flush(&mut self, world: &World, volume: &Volume, sched: &Sched) -> Result<(), Stop> {
+        let start = sched.steps();
+        match volume.flush() {
+            Ok(()) => {
+                trace(self.lo.max(67).min(67), || {
+                    format!("client {} flush started {start} ok at {}", self.id, sched.steps())
+                });
+                world.flushed(start);
+                world.redo.lock().expect("redo")[self.id].clear();
+                Ok(())
+            }
+            Err(e) => Err(self.error(world, "flush", &e)),
+        }
+    }
+
+    fn discard_op(&mut self, world: &World, volume: &Volume) -> Result<(), Stop> {
+        let (start, n) = self.span(4);
+        volume.discard(start * BS as u64, n * BS as u64).map_err(|e| self.error(world, "discard", &e))
+    }
+}
+
+fn describe(block: u64, data: &[u8]) -> String {
+    match tiercache_engine::torture::unstamp(data) {
+        Some((b, v)) if b == block => format!("version {v}"),
+        Some((b, v)) => format!("block {b}'s version {v}"),
+        None => "unstamped data (torn, zeroed or merged)".into(),
+    }
+}
+
+/// Runs one seed.
+pub fn run(config: SimConfig) -> SimReport {
+    tiercache_sched::quiet_stuck_panics();
+    let clock = SimClock::new();
+    let tick_clock = clock.clone();
+    let mut report = SimReport { seed: config.seed, ..SimReport::default() };
+    let outcome = Sched::run(
+        config.seed,
+        MAX_STEPS,
+        move || tick_clock.advance_ns(QUANTUM_NS),
+        |sched| run_in(sched, config, clock, &mut report),
+    );
+    if outcome.is_err() {
+        report.violations.push(Violation {
+            seed: config.seed,
+            cycle: report.cycles,
+            kind: ViolationKind::Stuck,
+            block: None,
+            detail: format!("no progress within {MAX_STEPS} scheduling steps (deadlock or livelock)"),
+        });
+    }
+    report
+}
+
+fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimReport) {
+    let mut rng = ChaCha8Rng::seed_from_u64(config.seed ^ 0x5eed_5eed);
+    let segment_blocks = 8u32;
+    let log_blocks = rng.gen_range(8..=16u64) * u64::from(segment_blocks);
+    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
+    let blocks = rng.gen_range(48..=160u64);
+    let clients = rng.gen_range(1..=3usize);
+    let cache_sim = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
+    let image: Vec<u8> = (0..blocks)
+        .flat_map(|b| {
+            let mut v = vec![0u8; BS];
+            tiercache_engine::torture::stamp(b, 0, &mut v);
+            v
+        })
+        .collect();
+    let initial: Vec<BlockModel> = image
+        .chunks(BS)
+        .map(|c| BlockModel {
+            floor: Some(hash(c)),
+            newer: Vec::new(),
+            maybe: Vec::new(),
+            current: Some(c.to_vec()),
+            all: vec![hash(c)],
+            corrupted_at: None,
+        })
+        .collect();
+    let backing_sim = Arc::new(SimDevice::from_image(image, BS as u32).with_name("backing"));
+    let timed = |inner: &Arc<SimDevice>, read, write, flush, stall, salt: u64| -> Arc<dyn BlockDevice> {
+        Arc::new(TimedDevice {
+            inner: Arc::clone(inner),
+            clock: clock.clone(),
+            read_ns: read,
+            write_ns: write,
+            flush_ns: flush,
+            stall,
+            rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed ^ salt)),
+        })
+    };
+    // The cache: tens of microseconds. The backing device: an HDD or a RAID5 under load.
+    let cache: Arc<dyn BlockDevice> = timed(&cache_sim, (10_000, 50_000), (20_000, 100_000), (50_000, 200_000), 0.0, 1);
+    let backing: Arc<dyn BlockDevice> =
+        timed(&backing_sim, (500_000, 5_000_000), (1_000_000, 10_000_000), (5_000_000, 60_000_000), 0.05, 2);
+    let world = Arc::new(World {
+        cache: Arc::clone(&cache_sim),
+        backing: Arc::clone(&backing_sim),
+        names: Mutex::new(std::collections::HashMap::new()),
+        failed_base: AtomicU64::new(0),
+        seed: config.seed,
+        cycle: AtomicU64::new(0),
+        model: Mutex::new(initial),
+        violations: Mutex::new(Vec::new()),
+        next_version: AtomicU64::new(1),
+        faulted: AtomicBool::new(false),
+        counters: Counters::default(),
+        redo: Mutex::new(vec![Vec::new(); clients]),
+    });
+    let opts = CreateOptions {
+        segment_blocks,
+        dirty_low_permille: rng.gen_range(50..300),
+        dirty_high_permille: rng.gen_range(300..700),
+        uuid: Some(config.seed.to_le_bytes().repeat(2).try_into().expect("16 bytes")),
+        ..CreateOptions::default()
+    };
+    if let Err(e) = create(&*cache, &*backing, &opts) {
+        world.violation(ViolationKind::RecoveryFailed, None, format!("create failed: {e}"));
+        finish(report, &world, sched);
+        return;
+    }
+    let options = VolumeOptions { sabotage: config.sabotage, ..VolumeOptions::default() };
+    for cycle in 0..config.cycles {
+        world.cycle.store(cycle, Ordering::Relaxed);
+        report.cycles = cycle + 1;
+        world.faulted.store(false, Ordering::Relaxed);
+        world.failed_base.store(world.failed_ops(), Ordering::Relaxed);
+        let Some(volume) =
+            recover(sched, &world, &cache, &backing, &cache_sim, &backing_sim, options, &mut rng, report)
+        else {
+            break;
+        };
+        let volume = Arc::new(volume);
+        if cycle > 0 {
+            verify_after_crash(&world, &volume);
+        }
+        if !world.violations.lock().expect("v").is_empty() {
+            break;
+        }
+        let layout = volume.superblock().layout;
+        let clean = run_cycle(sched, &world, &volume, &cache_sim, &backing_sim, &mut rng, config, clients, blocks);
+        let st = volume.status();
+        report.records_written += st.counters.records_written;
+        report.destaged_blocks += st.counters.destaged_blocks;
+        report.reclaimed_blocks += st.counters.reclaimed_blocks;
+        report.copied_forward_blocks += st.counters.copied_forward_blocks;
+        report.checkpoints += st.counters.checkpoints;
+        report.log_laps = st.log_tail / layout.log_blocks;
+        if clean && rng.gen_bool(0.15) {
+            let start = sched.steps();
+            match volume.shutdown() {
+                Ok(()) => {
+                    world.flushed(start);
+                    for r in world.redo.lock().expect("redo").iter_mut() {
+                        r.clear();
+                    }
+                    report.clean_shutdowns += 1;
+                }
+                Err(e) if !world.fault_seen() => {
+                    world.violation(ViolationKind::UnexpectedError, None, format!("shutdown: {e}"))
+                }
+                Err(_) => {}
+            }
+        }
+        drop(volume);
+        crash(&cache_sim, &backing_sim, &mut rng);
+        report.crashes += 1;
+        if !world.violations.lock().expect("v").is_empty() {
+            break;
+        }
+    }
+    // A last recovery and check.
+    if world.violations.lock().expect("v").is_empty() {
+        world.faulted.store(false, Ordering::Relaxed);
+        if let Some(volume) =
+            recover(sched, &world, &cache, &backing, &cache_sim, &backing_sim, options, &mut rng, report)
+        {
+            verify_after_crash(&world, &volume);
+        }
+    }
+    finish(report, &world, sched);
+}
+
+fn finish(report: &mut SimReport, world: &World, sched: &Sched) {
+    report.violations = world.violations.lock().expect("v").clone();
+    report.operations = world.counters.operations.load(Ordering::Relaxed);
+    report.corruptions = world.counters.corruptions.load(Ordering::Relaxed);
+    report.latent_read_errors = world.counters.latent.load(Ordering::Relaxed);
+    report.lost_block_errors = world.counters.lost_errors.load(Ordering::Relaxed);
+    report.scheduling_steps = sched.steps();
+}
+
+fn crash(cache: &SimDevice, backing: &SimDevice, rng: &mut ChaCha8Rng) {
+    let (a, b) = (rng.gen(), rng.gen());
+    cache.crash(a);
+    backing.crash(b);
+    dump_log(cache);
+}
+
+/// Debugging aid: with `SIM_TRACE_BLOCK=N`, prints the checkpoints and every decodable
+/// record header on the cache device after a crash, marking entries of block N.
+fn dump_log(cache: &SimDevice) {
+    let Some(watch) = std::env::var("SIM_TRACE_BLOCK").ok().and_then(|s| s.parse::<u64>().ok()) else { return };
+    let img = cache.durable_image();
+    let Ok(sb) = tiercache_format::Superblock::decode(&img[..BS]) else { return };
+    let l = sb.layout;
+    let uuid_low = tiercache_format::uuid_low64(&sb.uuid);
+    for area in 0..2 {
+        let at = (l.checkpoint_area_start[area] * BS as u64) as usize;
+        match tiercache_format::CheckpointHeader::decode(&img[at..at + BS], uuid_low, l.checkpoint_capacity()) {
+            Ok(h) => eprintln!("  checkpoint {area}: {h:?}"),
+            Err(e) => eprintln!("  checkpoint {area}: {e}"),
+        }
+    }
+    for slot in 0..l.log_blocks {
+        let at = l.log_offset(slot) as usize;
+        if let Ok(h) = tiercache_format::RecordHeader::decode(&img[at..at + BS], uuid_low) {
+            let mine: Vec<String> = {
+                let mut k = 0;
+                h.entries
+                    .iter()
+                    .filter_map(|e| {
+                        let data_pos = if e.kind.has_data() {
+                            k += 1;
+                            Some(h.position + k)
+                        } else {
+                            None
+                        };
+                        (e.backing_block == watch).then(|| {
+                            let d = data_pos.map(|p| {
+                                let o = l.log_offset(p % l.log_blocks) as usize;
+                                describe(watch, &img[o..o + BS])
+                            });
+                            format!("{:?}@{:?} ref {} {:?}", e.kind, data_pos, e.ref_position, d)
+                        })
+                    })
+                    .collect()
+            };
+            let mut k = 0;
+            let bad: Vec<u64> = h
+                .entries
+                .iter()
+                .filter(|e| e.kind.has_data())
+                .filter_map(|e| {
+                    k += 1;
+                    let o = l.log_offset((h.position + k) % l.log_blocks) as usize;
+                    (tiercache_format::checksum(&img[o..o + BS]) != e.data_crc).then_some(h.position + k)
+                })
+                .collect();
+            let kinds: Vec<String> = h.entries.iter().map(|e| format!("{:?}:{}", e.kind, e.backing_block)).collect();
+            eprintln!("    kinds {kinds:?} bad data at {bad:?}");
+            eprintln!(
+                "  slot {slot}: pos {} seq {} epoch {} head {} n {} prev {:#x} crc {:#x} {}",
+                h.position,
+                h.sequence,
+                h.epoch,
+                h.head_position,
+                h.entries.len(),
+                h.prev_checksum,
+                tiercache_format::RecordHeader::stored_checksum(&img[at..at + BS]),
+                mine.join(" ")
+            );
+        }
+    }
+}
+
+fn cut_power(world: &World, cache: &SimDevice, backing: &SimDevice) {
+    // Both at once, between two scheduling points: nothing runs in between.
+    cache.vanish();
+    backing.vanish();
+    world.faulted.store(true, Ordering::Relaxed);
+}
+
+/// Recovers the volume, with power cut during recovery in some attempts (crash after crash).
+#[allow(clippy::too_many_arguments)]
+fn recover(
+    sched: &Sched,
+    world: &Arc<World>,
+    cache: &Arc<dyn BlockDevice>,
+    backing: &Arc<dyn BlockDevice>,
+    cache_sim: &Arc<SimDevice>,
+    backing_sim: &Arc<SimDevice>,
+    options: VolumeOptions,
+    rng: &mut ChaCha8Rng,
+    report: &mut SimReport,
+) -> Option<Volume> {
+    for attempt in 0..4 {
+        let cut_at = (attempt < 3 && rng.gen_bool(0.25)).then(|| rng.gen_range(1..400u64));
+        let (c, b) = (Arc::clone(cache), Arc::clone(backing));
+        let clock: Arc<dyn Clock> = Arc::new(SimClock::new());
+        let opener = sched.spawn(move || Volume::open(c, b, clock, options).map(|(v, _)| v).map_err(|e| e.to_string()));
+        let done = Arc::new(AtomicBool::new(false));
+        let crasher = cut_at.map(|steps| {
+            let (w, cs, bs, done) =
+                (Arc::clone(world), Arc::clone(cache_sim), Arc::clone(backing_sim), Arc::clone(&done));
+            sched.spawn(move || {
+                for _ in 0..steps {
+                    if done.load(Ordering::Relaxed) {
+                        return false;
+                    }
+                    yield_now();
+                }
+                cut_power(&w, &cs, &bs);
+                true
+            })
+        });
+        let opened = sched.join(opener);
+        done.store(true, Ordering::Relaxed);
+        let cut = match crasher.map(|h| sched.join(h)) {
+            Some(Joined::Returned(cut)) => cut,
+            _ => false,
+        };
+        match opened {
+            Joined::Returned(Ok(v)) if !cut => return Some(v),
+            Joined::Returned(r) if cut => {
+                // Power was cut during (or right after) recovery: crash and recover again.
+                drop(r);
+                crash(cache_sim, backing_sim, rng);
+                report.crashes_during_recovery += 1;
+                world.faulted.store(false, Ordering::Relaxed);
+                world.failed_base.store(world.failed_ops(), Ordering::Relaxed);
+            }
+            Joined::Returned(Err(e)) => {
+                world.violation(ViolationKind::RecoveryFailed, None, e);
+                return None;
+            }
+            Joined::Returned(Ok(_)) => unreachable!("handled above"),
+            Joined::Panicked(p) => {
+                world.violation(ViolationKind::Panic, None, format!("recovery panicked: {p}"));
+                return None;
+            }
+            Joined::Stuck => return None,
+        }
+    }
+    None
+}
+
+/// After a crash: every block reads as its last flushed content or a newer completed (or
+/// attempted) one, or fails as lost if its dirty copy was corrupted. What is read becomes the
+/// new truth.
+fn verify_after_crash(world: &World, volume: &Volume) {
+    let mut m = world.model.lock().expect("model");
+    let mut buf = vec![0u8; BS];
+    let mut found = Vec::new();
+    let snapshot = volume.index_snapshot();
+    for (block, b) in m.iter_mut().enumerate() {
+        let block = block as u64;
+        trace(block, || {
+            format!("after recovery: {:?} window {:?}", snapshot.iter().find(|(x, _)| *x == block), volume.log_window())
+        });
+        match volume.read(block * BS as u64, &mut buf) {
+            Ok(()) => {
+                let h = hash(&buf);
+                let allowed = b.floor == Some(h) || b.newer.iter().any(|&(x, _)| x == h) || b.maybe.contains(&h);
+                if !allowed {
+                    let name = |h: &u64| world.names.lock().expect("names").get(h).cloned().unwrap_or_default();
+                    let detail = format!(
+                        "after a crash read {}; allowed: flushed {}, completed since {:?}, attempted {:?}",
+                        describe(block, &buf),
+                        b.floor.as_ref().map_or("lost".into(), name),
+                        b.newer.iter().map(|(h, _)| name(h)).collect::<Vec<_>>(),
+                        b.maybe.iter().map(name).collect::<Vec<_>>(),
+                    );
+                    let kind = if b.all.contains(&h) { ViolationKind::LostWrite } else { ViolationKind::CorruptRead };
+                    found.push((kind, block, detail));
+                }
+                b.floor = Some(h);
+                b.current = Some(buf.clone());
+                b.corrupted_at = None; // its readable copy verified
+            }
+            Err(EngineError::LostBlock { .. }) => {
+                world.counters.lost_errors.fetch_add(1, Ordering::Relaxed);
+                if b.corrupted_at.is_none() {
+                    found.push((ViolationKind::WronglyLost, block, "lost after a crash, never corrupted".into()));
+                }
+                b.floor = None;
+                b.current = None;
+            }
+            Err(e) => found.push((ViolationKind::UnexpectedError, block, format!("read after recovery: {e}"))),
+        }
+        b.newer.clear();
+        b.maybe.clear();
+    }
+    drop(m);
+    for (kind, block, detail) in found {
+        world.violation(kind, Some(block), detail);
+    }
+}
+
+/// One cycle of concurrent work; returns whether it ended without any fault.
+#[allow(clippy::too_many_arguments)]
+fn run_cycle(
+    sched: &Sched,
+    world: &Arc<World>,
+    volume: &Arc<Volume>,
+    cache_sim: &Arc<SimDevice>,
+    backing_sim: &Arc<SimDevice>,
+    rng: &mut ChaCha8Rng,
+    config: SimConfig,
+    clients: usize,
+    blocks: u64,
+) -> bool {
+    let stop = Arc::new(AtomicBool::new(false));
+    let per = blocks / clients as u64;
+    let mut client_handles = Vec::new();
+    for id in 0..clients {
+        let lo = id as u64 * per;
+        let hi = if id + 1 == clients { blocks } else { lo + per };
+        let client = Client {
+            id,
+            lo,
+            hi,
+            rng: ChaCha8Rng::seed_from_u64(rng.gen()),
+            ops: rng.gen_range(1..=config.ops),
+            redo_first: rng.gen_bool(0.5),
+        };
+        let (w, v, c, b) = (Arc::clone(world), Arc::clone(volume), Arc::clone(cache_sim), Arc::clone(backing_sim));
+        let s = sched.clone();
+        client_handles.push(sched.spawn(move || client.run(&w, &v, &s, &c, &b)));
+    }
+    let mut helpers = Vec::new();
+    // The destager: write-back batches in address order, and the head pre-cleaner.
+    {
+        let (w, v, stop) = (Arc::clone(world), Arc::clone(volume), Arc::clone(&stop));
+        let mut r = ChaCha8Rng::seed_from_u64(rng.gen());
+        helpers.push(sched.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let res = if r.gen_bool(0.6) {
+                    v.destage_step(r.gen_range(1..64)).map(|_| ())
+                } else {
+                    v.destage_oldest(r.gen_range(1..32)).map(|_| ())
+                };
+                if let Err(e) = res {
+                    if !w.fault_seen() {
+                        w.violation(ViolationKind::UnexpectedError, None, format!("destager: {e}"));
+                    }
+                    return;
+                }
+                for _ in 0..r.gen_range(0..20) {
+                    yield_now();
+                }
+            }
+        }));
+    }
+    // Background work: staging age, MarkClean backlog, watermarks; checkpoints.
+    {
+        let (w, v, stop) = (Arc::clone(world), Arc::clone(volume), Arc::clone(&stop));
+        let mut r = ChaCha8Rng::seed_from_u64(rng.gen());
+        helpers.push(sched.spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let res = if r.gen_bool(0.1) { v.checkpoint() } else { v.background_tick() };
+                if let Err(e) = res {
+                    if !w.fault_seen() {
+                        w.violation(ViolationKind::UnexpectedError, None, format!("background: {e}"));
+                    }
+                    return;
+                }
+                for _ in 0..r.gen_range(0..40) {
+                    yield_now();
+                }
+            }
+        }));
+    }
+    // Corrupt media in some cycles: silent corruption of cached data, latent read errors.
+    if rng.gen_bool(0.3) {
+        let (w, v, c, stop) = (Arc::clone(world), Arc::clone(volume), Arc::clone(cache_sim), Arc::clone(&stop));
+        let mut r = ChaCha8Rng::seed_from_u64(rng.gen());
+        let layout = volume.superblock().layout;
+        let s = sched.clone();
+        helpers.push(sched.spawn(move || {
+            let mut budget = r.gen_range(1..4);
+            while !stop.load(Ordering::Relaxed) && budget > 0 {
+                for _ in 0..r.gen_range(50..800) {
+                    yield_now();
+                }
+                if r.gen_bool(0.25) {
+                    c.fail_after(Some(OpKind::Read), r.gen_range(0..20), FailMode::Once);
+                    budget -= 1;
+                    continue;
+                }
+                let snapshot = v.index_snapshot();
+                if snapshot.is_empty() {
+                    continue;
+                }
+                let (block, e) = snapshot[r.gen_range(0..snapshot.len())];
+                trace(block, || format!("corrupted slot {} dirty {} at step {}", e.slot, e.dirty, s.steps()));
+                // No scheduling point between the snapshot and the corruption.
+                let mut garbage = vec![0u8; BS];
+                r.fill(&mut garbage[..]);
+                c.corrupt(layout.log_offset(u64::from(e.slot)), &garbage);
+                w.counters.corruptions.fetch_add(1, Ordering::Relaxed);
+                if e.dirty {
+                    // A write completed after this step, once flushed, ends the allowance.
+                    let step = s.steps();
+                    let mut m = w.model.lock().expect("model");
+                    let c = &mut m[block as usize].corrupted_at;
+                    *c = Some(c.map_or(step, |old| old.max(step)));
+                }
+                budget -= 1;
+            }
+        }));
+    }
+    // A device failure at a random I/O in some cycles; a power cut at a random step in most.
+    let mut faulted_by_design = false;
+    if rng.gen_bool(0.15) {
+        let n = rng.gen_range(0..300);
+        if rng.gen_bool(0.6) {
+            cache_sim.fail_after(None, n, FailMode::Forever);
+        } else {
+            backing_sim.fail_after(None, n, FailMode::Forever);
+        }
+        faulted_by_design = true;
+    }
+    let crasher = rng.gen_bool(0.7).then(|| {
+        let steps = rng.gen_range(10..20_000u64);
+        let (w, c, b, stop) = (Arc::clone(world), Arc::clone(cache_sim), Arc::clone(backing_sim), Arc::clone(&stop));
+        sched.spawn(move || {
+            for _ in 0..steps {
+                if stop.load(Ordering::Relaxed) {
+                    return;
+                }
+                yield_now();
+            }
+            cut_power(&w, &c, &b);
+        })
+    });
+    let failed_before = cache_sim.stats().failed_ops + backing_sim.stats().failed_ops;
+    let mut panicked = false;
+    for h in client_handles {
+        if let Joined::Panicked(p) = sched.join(h) {
+            world.violation(ViolationKind::Panic, None, format!("client panicked: {p}"));
+            panicked = true;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for h in helpers.into_iter().chain(crasher) {
+        if let Joined::Panicked(p) = sched.join(h) {
+            world.violation(ViolationKind::Panic, None, format!("actor panicked: {p}"));
+            panicked = true;
+        }
+    }
+    let failed = cache_sim.stats().failed_ops + backing_sim.stats().failed_ops > failed_before;
+    if failed && faulted_by_design {
+        world.faulted.store(true, Ordering::Relaxed);
+    }
+    !panicked && !world.faulted.load(Ordering::Relaxed) && !failed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_seed_replays_exactly() {
+        let a = run(SimConfig { seed: 11, cycles: 3, ops: 30, sabotage: Sabotage::None });
+        let b = run(SimConfig { seed: 11, cycles: 3, ops: 30, sabotage: Sabotage::None });
+        assert_eq!(a.scheduling_steps, b.scheduling_steps);
+        assert_eq!(a.operations, b.operations);
+        assert_eq!(a.records_written, b.records_written);
+        assert!(a.passed(), "{:#?}", a.violations);
+    }
+}
+
+#[cfg(test)]
+mod explore {
+    use super::*;
+
+    /// `SIM_SEEDS=N SIM_FROM=K cargo test -p tiercache-sim explore -- --nocapture`
+    #[test]
+    fn explore() {
+        let n: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let from: u64 = std::env::var("SIM_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+        let sabotage = std::env::var("SIM_SABOTAGE")
+            .ok()
+            .and_then(|s| Sabotage::ALL.into_iter().find(|x| x.name() == s))
+            .unwrap_or(Sabotage::None);
+        for seed in from..from + n {
+            let t = std::time::Instant::now();
+            let r = run(SimConfig { seed, sabotage, ..SimConfig::default() });
+            println!(
+                "seed {seed}: {:?} ops {} steps {} crashes {}+{} laps {} destaged {} copied {} corrupt {} lost {} ms {}",
+                r.violations.first().map(|v| (v.kind, v.cycle, v.block, v.detail.clone())),
+                r.operations,
+                r.scheduling_steps,
+                r.crashes,
+                r.crashes_during_recovery,
+                r.log_laps,
+                r.destaged_blocks,
+                r.copied_forward_blocks,
+                r.corruptions,
+                r.lost_block_errors,
+                t.elapsed().as_millis()
+            );
+        }
+    }
+}
