@@ -9,35 +9,58 @@ use tiercache_engine::Sabotage;
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Each cycle runs random writes, FUA writes, reads (checked exactly), flushes, trims, write-back
+Two simulators, both deterministic (one seed replays one run exactly):
+
+--mode concurrent (the default): client actors (writes, identical rewrites, FUA, unaligned
+read-modify-write writes, write-zeroes, discards, reads checked exactly, flushes; after a crash
+they redo their unflushed writes), a destager, a background worker and checkpoints run as
+threads interleaved by the seed at every engine lock and device I/O; the backing device is
+slow (milliseconds per write, up to hundreds per flush) so the log laps during one
+write-back; power is cut at a random step, sometimes during recovery; some cycles corrupt
+cached data silently, inject latent read errors or make a device fail. After each crash every
+block must read as its last flushed content or a newer completed one, or as an I/O error only
+if its data was corrupted.
+
+--mode serial: the original single-threaded simulator. Each cycle runs random writes, FUA writes, reads (checked exactly), flushes, trims, write-back
 batches and checkpoints on a small simulated cache (so reclaim and log wrap-around happen
 often), then crashes: every unflushed write on both devices is dropped, applied or torn
 sector by sector; in some cycles a device fails for good mid-run first. After recovery every
 block must read as its last flushed version or a newer completed one.
 
 Examples:
-  tiercache torture --cycles 10000                 one random seed
-  tiercache torture --seed 42 --cycles 10000       replay a seed exactly
-  tiercache torture --seeds 16 --cycles 2000       16 seeds, 2 at a time")]
+  tiercache torture --seeds 1000                   1000 random concurrent seeds, all cores
+  tiercache torture --seed 42                      replay concurrent seed 42 exactly
+  tiercache torture --mode serial --cycles 10000   one serial seed, 10000 crash cycles
+  tiercache torture --seeds 16 --json              a JSON summary for scripts")]
 pub struct TortureArgs {
+    /// Which simulator: `concurrent` (actors interleaved by the seed) or `serial`.
+    #[arg(long, value_enum, default_value_t = Mode::Concurrent)]
+    mode: Mode,
     /// The first seed (random if not given; printed so a run can be replayed).
     #[arg(long)]
     seed: Option<u64>,
     /// How many seeds to run, from --seed upwards.
     #[arg(long, default_value_t = 1)]
     seeds: u64,
-    /// Crash cycles per seed.
-    #[arg(long, default_value_t = 1000)]
-    cycles: u64,
-    /// Most operations between two crashes.
-    #[arg(long, default_value_t = 200)]
-    ops: u64,
+    /// Crash cycles per seed (default: 5 concurrent, 1000 serial).
+    #[arg(long)]
+    cycles: Option<u64>,
+    /// Most operations between two crashes (per client in the concurrent mode; default 40
+    /// concurrent, 200 serial).
+    #[arg(long)]
+    ops: Option<u64>,
     /// Break the commit protocol on purpose, to see the simulator catch it.
     #[arg(long, hide = true, value_parser = parse_sabotage)]
     sabotage: Option<Sabotage>,
     /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    Concurrent,
+    Serial,
 }
 
 fn parse_sabotage(s: &str) -> Result<Sabotage, String> {
@@ -86,12 +109,121 @@ impl Summary {
     }
 }
 
+/// Runs `work` for every seed on all cores; results in seed order.
+fn run_seeds<R: Send>(seeds: &[u64], work: impl Fn(u64) -> R + Sync) -> Vec<R> {
+    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get()).min(seeds.len()).max(1);
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let Some(&seed) = seeds.get(i) else { break };
+                let r = work(seed);
+                results.lock().expect("results lock").push((i, r));
+            });
+        }
+    });
+    let mut results = results.into_inner().expect("results lock");
+    results.sort_by_key(|(i, _)| *i);
+    results.into_iter().map(|(_, r)| r).collect()
+}
+
+#[derive(Debug, Default, Serialize)]
+struct ConcurrentSummary {
+    mode: &'static str,
+    first_seed: u64,
+    seeds: u64,
+    failed_seeds: Vec<u64>,
+    cycles: u64,
+    operations: u64,
+    crashes: u64,
+    crashes_during_recovery: u64,
+    clean_shutdowns: u64,
+    corruptions: u64,
+    lost_block_errors: u64,
+    scheduling_steps: u64,
+    records_written: u64,
+    destaged_blocks: u64,
+    copied_forward_blocks: u64,
+    checkpoints: u64,
+    log_laps: u64,
+    violations: Vec<tiercache_sim::Violation>,
+}
+
+fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
+    let seeds: Vec<u64> = (first..first + args.seeds.max(1)).collect();
+    let pb = progress("seeds", args.json);
+    pb.set_length(seeds.len() as u64);
+    let defaults = tiercache_sim::SimConfig::default();
+    let config = |seed| tiercache_sim::SimConfig {
+        seed,
+        cycles: args.cycles.unwrap_or(defaults.cycles),
+        ops: args.ops.unwrap_or(defaults.ops),
+        sabotage: args.sabotage.unwrap_or_default(),
+    };
+    let reports = run_seeds(&seeds, |seed| {
+        let r = tiercache_sim::run(config(seed));
+        pb.inc(1);
+        r
+    });
+    pb.finish_and_clear();
+    let mut s =
+        ConcurrentSummary { mode: "concurrent", first_seed: first, seeds: seeds.len() as u64, ..Default::default() };
+    for r in &reports {
+        if !r.passed() {
+            s.failed_seeds.push(r.seed);
+        }
+        s.cycles += r.cycles;
+        s.operations += r.operations;
+        s.crashes += r.crashes;
+        s.crashes_during_recovery += r.crashes_during_recovery;
+        s.clean_shutdowns += r.clean_shutdowns;
+        s.corruptions += r.corruptions;
+        s.lost_block_errors += r.lost_block_errors;
+        s.scheduling_steps += r.scheduling_steps;
+        s.records_written += r.records_written;
+        s.destaged_blocks += r.destaged_blocks;
+        s.copied_forward_blocks += r.copied_forward_blocks;
+        s.checkpoints += r.checkpoints;
+        s.log_laps += r.log_laps;
+        if s.violations.len() < 20 {
+            s.violations.extend(r.violations.iter().take(3).cloned());
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&s)?);
+    } else {
+        println!(
+            "{} seeds from {}: {} crash cycles ({} crashes during recovery, {} clean shutdowns), {} operations, {} scheduling steps",
+            s.seeds, s.first_seed, s.cycles, s.crashes_during_recovery, s.clean_shutdowns, s.operations, s.scheduling_steps
+        );
+        println!(
+            "engine: {} records, {} blocks written back, {} copied forward, {} checkpoints, {} log laps; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
+            s.records_written, s.destaged_blocks, s.copied_forward_blocks, s.checkpoints, s.log_laps, s.corruptions, s.lost_block_errors
+        );
+        println!("{} seeds passed, {} failed", s.seeds - s.failed_seeds.len() as u64, s.failed_seeds.len());
+        for v in &s.violations {
+            println!("violation: seed {} cycle {}: {:?} block {:?}: {}", v.seed, v.cycle, v.kind, v.block, v.detail);
+        }
+    }
+    if let Some(&seed) = s.failed_seeds.first() {
+        bail!("the contract was violated (seed {seed}); replay with `tiercache torture --seed {seed}`");
+    }
+    Ok(())
+}
+
 pub fn torture_cmd(args: TortureArgs) -> Result<()> {
     let first = args.seed.unwrap_or_else(|| u64::from(rand::random::<u32>()));
+    if args.mode == Mode::Concurrent {
+        return concurrent(&args, first);
+    }
+    let cycles = args.cycles.unwrap_or(1000);
+    let ops = args.ops.unwrap_or(200);
     let seeds: Vec<u64> = (first..first + args.seeds.max(1)).collect();
     let jobs = std::thread::available_parallelism().map_or(1, |n| n.get()).min(seeds.len());
     let pb = progress("crash cycles", args.json);
-    pb.set_length(args.cycles * seeds.len() as u64);
+    pb.set_length(cycles * seeds.len() as u64);
     let sabotage = args.sabotage.unwrap_or_default();
     let next = std::sync::atomic::AtomicUsize::new(0);
     let reports = std::sync::Mutex::new(Vec::new());
@@ -100,7 +232,7 @@ pub fn torture_cmd(args: TortureArgs) -> Result<()> {
             s.spawn(|| loop {
                 let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 let Some(&seed) = seeds.get(i) else { break };
-                let config = TortureConfig { seed, cycles: args.cycles, max_ops_per_cycle: args.ops, sabotage };
+                let config = TortureConfig { seed, cycles, max_ops_per_cycle: ops, sabotage };
                 let r = run(config, |_| pb.inc(1));
                 reports.lock().expect("reports lock").push(r);
             });
@@ -144,7 +276,7 @@ pub fn torture_cmd(args: TortureArgs) -> Result<()> {
     if let Some(r) = failed.first() {
         let v = &r.violations[0];
         bail!(
-            "the contract was violated (seed {} cycle {}: {}); replay with `tiercache torture --seed {} --cycles {}`",
+            "the contract was violated (seed {} cycle {}: {}); replay with `tiercache torture --mode serial --seed {} --cycles {}`",
             v.seed,
             v.cycle,
             v.kind,

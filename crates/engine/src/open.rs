@@ -120,7 +120,7 @@ pub fn create(cache: &dyn BlockDevice, backing: &dyn BlockDevice, options: &Crea
         dirty_high_permille: options.dirty_high_permille,
         created_unix_secs: options.created_unix_secs,
         backing_path: options.backing_path.clone(),
-        backing_id: backing.identity().unwrap_or_default(),
+        backing_id: backing.identity().map(|id| tiercache_format::superblock::fit_backing_id(&id)).unwrap_or_default(),
     };
     let bsz = bs as usize;
     let uuid_low = uuid_low64(&uuid);
@@ -349,10 +349,11 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
     // not show).
     let mut index = Index::with_capacity(log_blocks as usize);
     // Lost blocks: backing block -> the position of the copy that failed (0 for tombstones).
-    let mut lost: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut lost: BTreeMap<u64, (u64, u32)> = BTreeMap::new();
     for e in &entries {
         if e.lost {
-            lost.insert(e.backing_block, 0);
+            // A tombstone does not keep the position: u64::MAX matches no MarkClean.
+            lost.insert(e.backing_block, (u64::MAX, e.data_crc));
             continue;
         }
         let position = layout.position_of_slot(e.slot, ck.log_position);
@@ -382,7 +383,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
                                 position,
                                 "replayed dirty block fails its checksum: lost"
                             );
-                            lost.insert(e.backing_block, position);
+                            lost.insert(e.backing_block, (position, e.data_crc));
                         }
                         continue;
                     }
@@ -403,6 +404,10 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
                     }
                 }
                 EntryKind::MarkClean => {
+                    // The backing device holds exactly the version a loss named: it is over.
+                    if lost.get(&e.backing_block).map(|l| l.0) == Some(e.ref_position) {
+                        lost.remove(&e.backing_block);
+                    }
                     // By position, not slot: a newer copy may sit in the same slot a lap later.
                     let current = index.get(e.backing_block).map(|c| layout.position_of_slot(c.slot, tail));
                     if current == Some(e.ref_position) {
@@ -415,7 +420,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
                 EntryKind::Lost => {
                     // Never written after newer data of the block (see volume.rs, `Lost`).
                     index.remove(e.backing_block);
-                    lost.insert(e.backing_block, e.ref_position);
+                    lost.insert(e.backing_block, (e.ref_position, e.data_crc));
                 }
             }
         }
@@ -431,7 +436,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
         checkpoint_position: ck.log_position,
         checkpoint_seq: ck.sequence,
         replayed_records: replayed,
-        lost: lost.into_iter().collect(),
+        lost: lost.into_iter().map(|(b, (position, crc))| (b, position, crc)).collect(),
         epoch,
     })
 }
@@ -439,7 +444,8 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
 /// Checks that `backing` is the device this cache was formatted for: its size, the stable
 /// identity the kernel reports (where both sides have one), and the CRCs of its fingerprint
 /// blocks (kept current by write-back). A mismatch names what differs.
-fn check_backing(sb: &Superblock, index: &Index, backing: &dyn BlockDevice) -> Result<()> {
+fn check_backing(sb: &Superblock, recovered: &Recovered, backing: &dyn BlockDevice) -> Result<()> {
+    let index = &recovered.index;
     let formatted_for = if sb.backing_path.is_empty() { "unrecorded".to_string() } else { sb.backing_path.clone() };
     let wrong = |reason: String| EngineError::WrongBacking {
         backing: backing.describe(),
@@ -453,6 +459,8 @@ fn check_backing(sb: &Superblock, index: &Index, backing: &dyn BlockDevice) -> R
         )));
     }
     if let Some(id) = backing.identity() {
+        // Compared as stored: the superblock keeps the first 63 bytes of a long identity.
+        let id = tiercache_format::superblock::fit_backing_id(&id);
         if !sb.backing_id.is_empty() && id != sb.backing_id {
             return Err(wrong(format!("its device identity is {id}, the cache was formatted for {}", sb.backing_id)));
         }
@@ -461,7 +469,10 @@ fn check_backing(sb: &Superblock, index: &Index, backing: &dyn BlockDevice) -> R
     for ((f, crc), block) in sb.backing_fingerprints.iter().zip(crcs).zip(sb.fingerprint_blocks()) {
         // A crash while a fingerprint block was being written back can leave it torn
         // (matching neither CRC); the cache then still holds it dirty and rewrites it.
-        let in_flight = f.next.is_some() && index.get(block).is_some_and(|e| e.dirty);
+        // (Also when that dirty copy was lost since: the backing block stays torn until the
+        // block is rewritten, and refusing the device would lock the volume out.)
+        let in_flight = f.next.is_some()
+            && (index.get(block).is_some_and(|e| e.dirty) || recovered.lost.iter().any(|&(b, _, _)| b == block));
         if crc != f.crc && Some(crc) != f.next && !in_flight {
             return Err(wrong(format!(
                 "its block {block} (bytes {}..{}) has checksum {crc:#010x}, the cache expects {:#010x}",
@@ -491,7 +502,7 @@ impl Volume {
         options: VolumeOptions,
     ) -> Result<(Volume, OpenReport)> {
         let recovered = recover(&*cache)?;
-        check_backing(&recovered.superblock, &recovered.index, &*backing)?;
+        check_backing(&recovered.superblock, &recovered, &*backing)?;
         let report = OpenReport {
             replayed_records: recovered.replayed_records,
             recovered_blocks: recovered.index.len() as u64,
@@ -505,6 +516,7 @@ impl Volume {
         // beyond the recovered tail can ever chain onto them (docs/format.md, "the
         // post-recovery chain rule"). The checkpoint also starts the next recovery here.
         volume.cache.flush().map_err(EngineError::cache)?;
+        volume.recheck_lost_against_backing();
         volume.begin_epoch();
         volume.checkpoint()?;
         Ok((volume, report))
@@ -520,7 +532,7 @@ impl Volume {
         let recovered = recover(&*cache)?;
         let backing: Arc<dyn BlockDevice> = match backing {
             Some(b) => {
-                check_backing(&recovered.superblock, &recovered.index, &*b)?;
+                check_backing(&recovered.superblock, &recovered, &*b)?;
                 b
             }
             None => Arc::new(NoBacking {

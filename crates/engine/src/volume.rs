@@ -259,6 +259,9 @@ struct State {
     /// The background pre-cleaner has looked at every record before this position.
     precleaned_until: u64,
     checkpoint_position: u64,
+    /// The position of the checkpoint before it (in the other area): recovery falls back to
+    /// it if the newest one is unreadable.
+    older_checkpoint_position: u64,
     checkpoint_seq: u64,
     pending_meta: VecDeque<RecordEntry>,
     /// Emptied containers of the last written record, reused by the next seal.
@@ -323,8 +326,22 @@ impl State {
 #[derive(Debug, Clone, Copy)]
 struct Lost {
     position: u64,
-    /// A `Lost` entry for it is in a written record (or a checkpoint holds its tombstone).
-    logged: bool,
+    /// The CRC of the lost version: if the backing device turns out to hold exactly it (a
+    /// write-back whose MarkClean a crash dropped), the block is not lost after all.
+    crc: u32,
+    logged: Logged,
+}
+
+/// How far a loss has reached the medium.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logged {
+    /// Only in RAM.
+    No,
+    /// A `Lost` entry is in the staging record being sealed, not yet written: reclaim (which
+    /// runs before that record is written) must still log it itself.
+    Staged,
+    /// A `Lost` entry is in a written record, or a checkpoint holds its tombstone.
+    Yes,
 }
 
 /// A block picked for write-back, with the exact version it names: the log position of its
@@ -383,8 +400,8 @@ pub(crate) struct Recovered {
     pub checkpoint_position: u64,
     pub checkpoint_seq: u64,
     pub replayed_records: u64,
-    /// Lost blocks (tombstones and Lost entries not superseded), with their positions.
-    pub lost: Vec<(u64, u64)>,
+    /// Lost blocks (tombstones and Lost entries not superseded): block, position, CRC.
+    pub lost: Vec<(u64, u64, u32)>,
     /// The highest epoch in the checkpoint and the replayed records.
     pub epoch: u64,
 }
@@ -432,12 +449,17 @@ impl Volume {
                 written_tail: r.tail,
                 precleaned_until: r.head,
                 checkpoint_position: r.checkpoint_position,
+                older_checkpoint_position: 0,
                 checkpoint_seq: r.checkpoint_seq,
                 pending_meta: VecDeque::new(),
                 spare_data: Vec::with_capacity(RECORD_ENTRIES),
                 spare_map: HashMap::with_capacity(RECORD_ENTRIES),
                 fills: HashMap::new(),
-                lost: r.lost.iter().map(|&(b, position)| (b, Lost { position, logged: true })).collect(),
+                lost: r
+                    .lost
+                    .iter()
+                    .map(|&(b, position, crc)| (b, Lost { position, crc, logged: Logged::Yes }))
+                    .collect(),
                 epoch: r.epoch,
                 poisoned: None,
                 age_samples: VecDeque::new(),
@@ -449,6 +471,19 @@ impl Volume {
             superblock: Mutex::new(r.superblock),
             rmw: Mutex::new(()),
             background: AtomicBool::new(false),
+        }
+    }
+
+    /// Ends the losses the backing device turns out to hold (open calls it, with the backing
+    /// device attached): a lost version that a write-back had already put there.
+    pub(crate) fn recheck_lost_against_backing(&self) {
+        let candidates: Vec<(u64, u32)> = self.lock().lost.iter().map(|(&b, l)| (b, l.crc)).collect();
+        let mut buf = AlignedBuf::new(self.bs);
+        for (block, crc) in candidates {
+            if self.backing_holds(block, crc, &mut buf) {
+                tracing::warn!(block, "a lost block's version is on the backing device: readable again");
+                self.lock().lost.remove(&block);
+            }
         }
     }
 
@@ -705,6 +740,8 @@ impl Volume {
                 .collect(),
         };
         let crc = header.encode(self.uuid_low, &mut st.staging.buf[..bs]);
+        let header_losses: Vec<u64> =
+            header.entries.iter().filter(|e| e.kind == EntryKind::Lost).map(|e| e.backing_block).collect();
         // Swap the sealed buffer out for the spare one; staging starts empty.
         let fresh = io.spare.take().expect("spare record buffer present while not poisoned");
         let buf = Arc::new(std::mem::replace(&mut st.staging.buf, fresh)); // The containers swap with the previous record's (recycled, so no allocation here).
@@ -739,6 +776,13 @@ impl Volume {
             return Err(e);
         }
         st.written_tail = pos + blocks;
+        for e in header_losses {
+            if let Some(l) = st.lost.get_mut(&e) {
+                if l.logged == Logged::Staged {
+                    l.logged = Logged::Yes;
+                }
+            }
+        }
         let mut inflight = st.inflight.take().expect("inflight record");
         for (k, &(block, kind, crc)) in inflight.data.iter().enumerate() {
             if inflight.map.get(&block) == Some(&k) {
@@ -771,7 +815,7 @@ impl Volume {
     /// goes first in a record). A block with data in this same record is skipped: that data
     /// supersedes the loss, and its entry leaves `lost` when the record is written.
     fn stage_lost_entries(&self, st: &mut State) {
-        if self.options.sabotage == Sabotage::LostInRamOnly || st.lost.values().all(|l| l.logged) {
+        if self.options.sabotage == Sabotage::LostInRamOnly || st.lost.values().all(|l| l.logged != Logged::No) {
             return;
         }
         let State { lost, staging, .. } = st;
@@ -780,16 +824,16 @@ impl Volume {
                 break;
             }
             let superseded = staging.map.get(&block).is_some_and(|&i| staging.data[i].1 == EntryKind::DataDirty);
-            if l.logged || superseded {
+            if l.logged != Logged::No || superseded {
                 continue;
             }
             staging.meta.push(RecordEntry {
                 kind: EntryKind::Lost,
                 backing_block: block,
-                data_crc: 0,
+                data_crc: l.crc,
                 ref_position: l.position,
             });
-            l.logged = true;
+            l.logged = Logged::Staged;
         }
     }
 
@@ -802,16 +846,32 @@ impl Volume {
     /// only copy of dirty data. The caller checked, under this same lock, that the index
     /// still names that position and that no newer data of the block is in flight. The
     /// block reads as an I/O error until rewritten (unless staging already holds newer data).
-    fn declare_lost(&self, st: &mut State, block: u64, position: u64) {
+    fn declare_lost(&self, st: &mut State, block: u64, position: u64, crc: u32) {
         debug_assert!(st.inflight.as_ref().is_none_or(|f| !f.map.contains_key(&block)));
         st.index.remove(block);
         st.cancel_fill(block);
         tracing::error!(block, position, "dirty block failed its checksum on the cache device: lost");
-        st.lost.insert(block, Lost { position, logged: false });
+        st.lost.insert(block, Lost { position, crc, logged: Logged::No });
         let limit = Layout::max_lost_blocks_for(self.layout.log_blocks) as usize;
         if st.lost.len() > limit {
             st.poison(format!("more than {limit} blocks lost to checksum failures: the cache device is failing"));
         }
+    }
+
+    /// Whether the backing device holds exactly the version with CRC `crc` of `block` (then
+    /// a dirty copy that fails its checksum is not a loss: it was written back, and a crash
+    /// dropped the MarkClean entry that said so). Reads into `buf`; holds no lock.
+    fn backing_holds(&self, block: u64, crc: u32, buf: &mut [u8]) -> bool {
+        self.backing.read_at(block * self.bs as u64, buf).is_ok() && checksum(buf) == crc
+    }
+
+    /// A dirty copy failed its checksum but the backing device holds that very version:
+    /// forget the copy (reads go to the backing device). No record is needed: after a crash
+    /// the copy is found bad and checked against the backing device again.
+    fn repaired_from_backing(&self, st: &mut State, block: u64, position: u64) {
+        st.index.remove(block);
+        st.counters.repaired_blocks += 1;
+        tracing::warn!(block, position, "dirty block failed its checksum but the backing device holds that version");
     }
 
     /// Frees at least `need` blocks at the head of the log (io lock held).
@@ -871,9 +931,14 @@ impl Volume {
             if checksum(out) == p.entry.crc {
                 copies.push(p);
             } else {
+                let on_backing = self.backing_holds(p.block, p.entry.crc, out);
                 let mut st = self.lock();
                 if st.index.get(p.block).is_some_and(|c| self.position_of(&st, &c) == p.position) {
-                    self.declare_lost(&mut st, p.block, p.position);
+                    if on_backing {
+                        self.repaired_from_backing(&mut st, p.block, p.position);
+                    } else {
+                        self.declare_lost(&mut st, p.block, p.position, p.entry.crc);
+                    }
                 }
             }
         }
@@ -881,7 +946,7 @@ impl Volume {
         // the head is about to pass blocks that recovery would otherwise replay as dirty (or,
         // once passed, forget, serving the stale backing copy). If they do not all fit, a
         // checkpoint (which holds every loss as a tombstone) makes them durable first.
-        let unlogged = self.lock().lost.values().filter(|l| !l.logged).count();
+        let unlogged = self.lock().lost.values().filter(|l| l.logged != Logged::Yes).count();
         if unlogged + copies.len() > RECORD_ENTRIES && self.options.sabotage != Sabotage::LostInRamOnly {
             self.checkpoint_locked()?;
         }
@@ -904,17 +969,34 @@ impl Volume {
             st.counters.copied_forward_blocks += copies.len() as u64;
             let mut entries = Vec::with_capacity(RECORD_ENTRIES);
             if self.options.sabotage != Sabotage::LostInRamOnly {
-                for (&block, l) in st.lost.iter_mut().filter(|(_, l)| !l.logged) {
+                // Losses inside the window the head is about to pass first: those must be in
+                // this record. More losses may have been declared during the checkpoint above
+                // (readers, the destager); the ones that do not fit stay unlogged, which is
+                // safe as long as they lie beyond the window (a later record or checkpoint
+                // logs them before the head reaches them).
+                let room = RECORD_ENTRIES - copies.len();
+                let mut pending: Vec<(u64, u64, u32)> = st
+                    .lost
+                    .iter()
+                    .filter(|(_, l)| l.logged != Logged::Yes)
+                    .map(|(&b, l)| (b, l.position, l.crc))
+                    .collect();
+                pending.sort_by_key(|&(b, position, _)| (position >= new_head, b));
+                pending.truncate(room);
+                assert!(
+                    st.lost.values().filter(|l| l.logged != Logged::Yes && l.position < new_head).count() <= room,
+                    "the losses inside the reclaimed window fit the copy record"
+                );
+                for (block, position, crc) in pending {
                     entries.push(RecordEntry {
                         kind: EntryKind::Lost,
                         backing_block: block,
-                        data_crc: 0,
-                        ref_position: l.position,
+                        data_crc: crc,
+                        ref_position: position,
                     });
-                    l.logged = true;
+                    st.lost.get_mut(&block).expect("listed").logged = Logged::Yes;
                 }
             }
-            assert!(entries.len() + copies.len() <= RECORD_ENTRIES, "losses and copies fit one record");
             while entries.len() + copies.len() < RECORD_ENTRIES {
                 match st.pending_meta.pop_front() {
                     Some(m) => entries.push(m),
@@ -1018,10 +1100,10 @@ impl Volume {
             st.check_poisoned()?;
             let snapshot: Vec<(u64, IndexEntry)> = st.index.iter().collect();
             // Every lost block, logged or not: a checkpoint replaces the records before it.
-            let tombstones: Vec<u64> = if self.options.sabotage == Sabotage::LostInRamOnly {
+            let tombstones: Vec<(u64, u32)> = if self.options.sabotage == Sabotage::LostInRamOnly {
                 Vec::new()
             } else {
-                st.lost.keys().copied().collect()
+                st.lost.iter().map(|(&b, l)| (b, l.crc)).collect()
             };
             let header = CheckpointHeader {
                 sequence: st.checkpoint_seq + 1,
@@ -1050,12 +1132,12 @@ impl Volume {
                 lost: false,
                 data_crc: e.crc,
             })
-            .chain(tombstones.iter().map(|&block| CheckpointEntry {
+            .chain(tombstones.iter().map(|&(block, crc)| CheckpointEntry {
                 backing_block: block,
                 slot: 0,
                 dirty: false,
                 lost: true,
-                data_crc: 0,
+                data_crc: crc,
             }));
         for (i, entry) in entries.enumerate() {
             let at = bs + i * tiercache_format::constants::CHECKPOINT_ENTRY_SIZE;
@@ -1071,12 +1153,13 @@ impl Volume {
         }
         self.flush_cache(false)?;
         let mut st = self.lock();
+        st.older_checkpoint_position = st.checkpoint_position;
         st.checkpoint_position = header.log_position;
         st.checkpoint_seq = header.sequence;
         st.counters.checkpoints += 1;
-        for block in tombstones {
+        for (block, _) in tombstones {
             if let Some(l) = st.lost.get_mut(&block) {
-                l.logged = true;
+                l.logged = Logged::Yes;
             }
         }
         Ok(())
@@ -1230,6 +1313,8 @@ impl Volume {
                 }
             };
             let read = self.cache.read_at(self.layout.log_offset(u64::from(entry.slot)), out);
+            let bad_dirty = read.is_ok() && entry.dirty && checksum(out) != entry.crc;
+            let on_backing = bad_dirty && self.backing_holds(block, entry.crc, out);
             let mut st = self.lock();
             let current = st.index.get(block).map(|c| self.position_of(&st, &c));
             let newer_in_ram =
@@ -1241,12 +1326,16 @@ impl Volume {
                 // An I/O error is reported as such; the block is not declared lost for it.
                 return Err(EngineError::cache(e));
             }
-            if checksum(out) == entry.crc {
+            if on_backing {
+                self.repaired_from_backing(&mut st, block, position);
+                return Ok(()); // `out` holds the backing device's copy, that very version
+            }
+            if !bad_dirty && checksum(out) == entry.crc {
                 return Ok(());
             }
             if entry.dirty {
                 // The only copy is bad: report, never serve.
-                self.declare_lost(&mut st, block, position);
+                self.declare_lost(&mut st, block, position, entry.crc);
                 return Err(EngineError::LostBlock { block });
             }
             // A bad clean copy: forget it and read the backing device (repair by re-admission
@@ -1386,8 +1475,9 @@ impl Volume {
         // data verifies.
 
         let mut keep = vec![false; blocks.len()];
+        let mut suspects = Vec::new();
         {
-            let mut st = self.lock();
+            let st = self.lock();
             for (i, p) in blocks.iter().enumerate() {
                 let current = st.index.get(p.block);
                 let still = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
@@ -1395,13 +1485,26 @@ impl Volume {
                     continue; // overwritten or trimmed meanwhile: its newer version is handled later
                 }
                 if checksum(&data[i * bs..(i + 1) * bs]) != p.entry.crc {
-                    let newer_in_flight = st.inflight.as_ref().is_some_and(|f| f.map.contains_key(&p.block));
-                    if !newer_in_flight {
-                        self.declare_lost(&mut st, p.block, p.position);
-                    }
+                    suspects.push(*p);
                     continue;
                 }
                 keep[i] = true;
+            }
+        }
+        // Copies that failed their checksum: lost, unless the backing device holds that version.
+        let mut scratch = AlignedBuf::new(bs);
+        for p in suspects {
+            let on_backing = self.backing_holds(p.block, p.entry.crc, &mut scratch);
+            let mut st = self.lock();
+            let still = st.index.get(p.block).is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
+            let newer_in_flight = st.inflight.as_ref().is_some_and(|f| f.map.contains_key(&p.block));
+            if !still || newer_in_flight {
+                continue;
+            }
+            if on_backing {
+                self.repaired_from_backing(&mut st, p.block, p.position);
+            } else {
+                self.declare_lost(&mut st, p.block, p.position, p.entry.crc);
             }
         }
         if !keep.iter().any(|&k| k) {
@@ -1479,7 +1582,18 @@ impl Volume {
             } else {
                 let current = st.index.get(p.block);
                 let same = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
-                (same && st.index.mark_clean(p.block, p.entry.slot), p.position)
+                // The copy read for this write-back verified, then rotted and was declared
+                // lost meanwhile: the backing device now holds exactly that version, so the
+                // loss is over (the MarkClean entry ends it on replay too).
+                let rescued = st.lost.get(&p.block).is_some_and(|l| l.position == p.position);
+                if rescued {
+                    st.lost.remove(&p.block);
+                    tracing::warn!(
+                        block = p.block,
+                        "a lost block's version reached the backing device: readable again"
+                    );
+                }
+                ((same && st.index.mark_clean(p.block, p.entry.slot)) || rescued, p.position)
             };
             if marked {
                 st.pending_meta.push_back(RecordEntry {
@@ -1690,6 +1804,18 @@ impl Volume {
     pub fn log_window(&self) -> (u64, u64, u64) {
         let st = self.lock();
         (st.head, st.checkpoint_position, st.tail)
+    }
+
+    /// The index entries whose copy lies before both checkpoints' positions (whichever
+    /// checkpoint recovery uses covers them), with their log positions, taken atomically (for
+    /// the simulator's corrupter).
+    pub fn checkpointed_entries(&self) -> Vec<(u64, IndexEntry, u64)> {
+        let st = self.lock();
+        st.index
+            .iter()
+            .map(|(b, e)| (b, e, self.position_of(&st, &e)))
+            .filter(|&(_, _, position)| position < st.older_checkpoint_position.min(st.checkpoint_position))
+            .collect()
     }
 
     /// Every (backing block, entry) in the index (for `check` and tests).

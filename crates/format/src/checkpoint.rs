@@ -48,7 +48,8 @@ pub struct CheckpointHeaderDisk {
 pub struct CheckpointEntryDisk {
     pub backing_block: U64,
     /// Bits 0-29: the log slot holding the block's data; bit 31: dirty; bit 30: lost (a
-    /// tombstone: the block's only dirty copy failed its checksum; slot and CRC are zero).
+    /// tombstone: the block's only dirty copy failed its checksum; the slot is zero and the
+    /// CRC is the lost version's, so a backing device holding it ends the loss).
     pub slot_and_flags: U32,
     /// CRC-32C of the data block (a reference to a block carries its checksum).
     pub data_crc: U32,
@@ -87,7 +88,7 @@ pub struct CheckpointEntry {
 impl CheckpointEntry {
     pub fn encode(&self, out: &mut [u8]) {
         assert!(self.slot <= SLOT_BITS);
-        assert!(!self.lost || (self.slot == 0 && !self.dirty && self.data_crc == 0), "a tombstone carries no data");
+        assert!(!self.lost || (self.slot == 0 && !self.dirty), "a tombstone names no slot");
         let flags = if self.dirty { DIRTY_BIT } else { 0 } | if self.lost { LOST_BIT } else { 0 };
         let d = CheckpointEntryDisk {
             backing_block: U64::new(self.backing_block),
@@ -114,7 +115,7 @@ impl CheckpointEntry {
             lost: v & LOST_BIT != 0,
             data_crc: d.data_crc.get(),
         };
-        if e.lost && (e.slot != 0 || e.dirty || e.data_crc != 0) {
+        if e.lost && (e.slot != 0 || e.dirty) {
             return Err(FormatError::Invalid {
                 what: "checkpoint entry",
                 field: "slot_and_flags",

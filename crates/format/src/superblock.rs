@@ -115,6 +115,16 @@ pub struct Superblock {
     pub backing_id: String,
 }
 
+/// The backing identity as the superblock stores it: at most 63 bytes, cut at a character
+/// boundary (compare a device's identity through this, never the raw string).
+pub fn fit_backing_id(id: &str) -> String {
+    let mut n = id.len().min(63);
+    while !id.is_char_boundary(n) {
+        n -= 1;
+    }
+    id[..n].to_string()
+}
+
 /// Copies a string into a NUL-padded field, cut at a character boundary.
 fn padded<const N: usize>(s: &str) -> [u8; N] {
     let mut out = [0u8; N];
