@@ -203,8 +203,11 @@ fn hash(data: &[u8]) -> u64 {
 struct BlockModel {
     /// The content that survives any crash.
     floor: Option<u64>,
-    /// Contents completed after `floor`, with the scheduling step at completion.
-    newer: Vec<(u64, u64)>,
+    /// Contents completed after `floor`: (content, step when its write started, step when it
+    /// completed). A FLUSH covers writes completed before it started; a corruption is
+    /// superseded only by a write that started after it (a write in progress may already
+    /// have put its data in the log where the corruption hit).
+    newer: Vec<(u64, u64, u64)>,
     /// Contents of writes that failed or were cut: they may or may not have landed.
     maybe: Vec<u64>,
     /// The newest completed content's bytes (`None`: known lost).
@@ -265,8 +268,8 @@ impl World {
         }
     }
 
-    /// A write of `data` at block `first` completed at `step`.
-    fn completed(&self, first: u64, data: &[u8], step: u64, fua: bool) {
+    /// A write of `data` at block `first`, started at `started`, completed at `step`.
+    fn completed(&self, first: u64, data: &[u8], started: u64, step: u64, fua: bool) {
         let mut m = self.model.lock().expect("model");
         for (i, chunk) in data.chunks(BS).enumerate() {
             let b = &mut m[(first + i as u64) as usize];
@@ -280,11 +283,11 @@ impl World {
             if fua {
                 b.floor = Some(h);
                 b.newer.clear();
-                if b.corrupted_at.is_some_and(|c| c < step) {
+                if b.corrupted_at.is_some_and(|c| c < started) {
                     b.corrupted_at = None;
                 }
             } else {
-                b.newer.push((h, step));
+                b.newer.push((h, started, step));
             }
         }
     }
@@ -304,11 +307,11 @@ impl World {
     fn flushed(&self, start: u64) {
         let mut m = self.model.lock().expect("model");
         for b in m.iter_mut() {
-            if let Some(k) = b.newer.iter().rposition(|&(_, step)| step < start) {
-                let (h, step) = b.newer[k];
+            if let Some(k) = b.newer.iter().rposition(|&(_, _, step)| step < start) {
+                let (h, started, _) = b.newer[k];
                 b.floor = Some(h);
                 b.newer.drain(..=k);
-                if b.corrupted_at.is_some_and(|c| c < step) {
+                if b.corrupted_at.is_some_and(|c| c < started) {
                     b.corrupted_at = None;
                 }
             }
@@ -363,8 +366,8 @@ impl Client {
                 34..=41 => self.partial_op(world, volume, sched, false),
                 42..=45 => self.partial_op(world, volume, sched, true),
                 46..=69 => self.read_op(world, volume, cache, failed_before),
-                70..=84 => self.flush(world, volume, sched),
-                85..=89 => self.discard_op(world, volume),
+                70..=81 => self.flush(world, volume, sched),
+                82..=89 => self.discard_op(world, volume),
                 _ => self.identical_rewrite(world, volume, sched),
             };
             if r.is_err() {
@@ -397,10 +400,11 @@ impl Client {
         fua: bool,
     ) -> Result<(), Stop> {
         let offset = first * BS as u64;
+        let started = sched.steps();
         let r = if fua { volume.write_fua(offset, &data) } else { volume.write(offset, &data) };
         match r {
             Ok(()) => {
-                world.completed(first, &data, sched.steps(), fua);
+                world.completed(first, &data, started, sched.steps(), fua);
                 let mut redo = world.redo.lock().expect("redo");
                 if fua {
                     redo[self.id].clear();
@@ -417,7 +421,15 @@ impl Client {
     }
 
     fn write_op(&mut self, world: &World, volume: &Volume, sched: &Sched, fua: bool) -> Result<(), Stop> {
-        let (start, n) = self.span(8);
+        let (start, n) = match self.rng.gen_range(0..100) {
+            // A hot block, rewritten again and again (a database's log or index root): its
+            // versions land in many slots, the same slot again laps later.
+            0..=24 => (self.lo + self.rng.gen_range(0..4).min(self.hi - self.lo - 1), 1),
+            // A large write: staging fills and seals records with no FLUSH between them, so
+            // a crash can drop one and keep the next.
+            25..=39 => self.span(32),
+            _ => self.span(8),
+        };
         let data: Vec<u8> = (start..start + n).flat_map(|b| fresh(world, b)).collect();
         self.write(world, volume, sched, start, data, fua)
     }
@@ -457,6 +469,7 @@ impl Client {
             let src: Vec<u8> = (start..start + n).flat_map(|b| fresh(world, b)).collect();
             src[skip as usize..(skip + len) as usize].to_vec()
         };
+        let started = sched.steps();
         let r = if zeroes { volume.write_zeroes(offset, len) } else { volume.write_bytes(offset, &new_bytes) };
         if let Some(i) = needs_lost {
             // A partly covered block is known lost: the read-modify-write must refuse.
@@ -477,7 +490,7 @@ impl Client {
         after[skip as usize..(skip + len) as usize].copy_from_slice(&new_bytes);
         match r {
             Ok(()) => {
-                world.completed(start, &after, sched.steps(), false);
+                world.completed(start, &after, started, sched.steps(), false);
                 world.redo.lock().expect("redo")[self.id].push((start * BS as u64, after));
                 Ok(())
             }
@@ -636,7 +649,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
     // The cache: tens of microseconds. The backing device: an HDD or a RAID5 under load.
     let cache: Arc<dyn BlockDevice> = timed(&cache_sim, (10_000, 50_000), (20_000, 100_000), (50_000, 200_000), 0.0, 1);
     let backing: Arc<dyn BlockDevice> =
-        timed(&backing_sim, (500_000, 5_000_000), (1_000_000, 10_000_000), (5_000_000, 60_000_000), 0.05, 2);
+        timed(&backing_sim, (500_000, 5_000_000), (1_000_000, 10_000_000), (5_000_000, 60_000_000), 0.1, 2);
     let world = Arc::new(World {
         cache: Arc::clone(&cache_sim),
         backing: Arc::clone(&backing_sim),
@@ -886,7 +899,7 @@ fn verify_after_crash(world: &World, volume: &Volume) {
     let mut m = world.model.lock().expect("model");
     let mut buf = vec![0u8; BS];
     let mut found = Vec::new();
-    let snapshot = if std::env::var_os("SIM_TRACE_BLOCK").is_some() { volume.index_snapshot() } else { Vec::new() };
+    let snapshot = if std::env::var_os("SIM_TRACE_INDEX").is_some() { volume.index_snapshot() } else { Vec::new() };
     for (block, b) in m.iter_mut().enumerate() {
         let block = block as u64;
         trace(block, || format!("after recovery: {:?}", snapshot.iter().find(|(x, _)| *x == block)));
@@ -895,14 +908,14 @@ fn verify_after_crash(world: &World, volume: &Volume) {
                 let h = hash(&buf);
                 let rescued = b.floor.is_none() && b.lost_bytes.as_deref().map(hash) == Some(h);
                 let allowed =
-                    b.floor == Some(h) || b.newer.iter().any(|&(x, _)| x == h) || b.maybe.contains(&h) || rescued;
+                    b.floor == Some(h) || b.newer.iter().any(|&(x, _, _)| x == h) || b.maybe.contains(&h) || rescued;
                 if !allowed {
                     let name = |h: &u64| world.names.lock().expect("names").get(h).cloned().unwrap_or_default();
                     let detail = format!(
                         "after a crash read {}; allowed: flushed {}, completed since {:?}, attempted {:?}",
                         describe(block, &buf),
                         b.floor.as_ref().map_or("lost".into(), name),
-                        b.newer.iter().map(|(h, _)| name(h)).collect::<Vec<_>>(),
+                        b.newer.iter().map(|(h, _, _)| name(h)).collect::<Vec<_>>(),
                         b.maybe.iter().map(name).collect::<Vec<_>>(),
                     );
                     let kind = if b.all.contains(&h) { ViolationKind::LostWrite } else { ViolationKind::CorruptRead };
@@ -958,7 +971,7 @@ fn run_cycle(
             hi,
             rng: ChaCha8Rng::seed_from_u64(rng.gen()),
             ops: rng.gen_range(1..=config.ops),
-            redo_first: rng.gen_bool(0.5),
+            redo_first: rng.gen_bool(0.7),
         };
         let (w, v, c, b) = (Arc::clone(world), Arc::clone(volume), Arc::clone(cache_sim), Arc::clone(backing_sim));
         let s = sched.clone();
@@ -1108,14 +1121,49 @@ mod tests {
         assert_eq!(a.records_written, b.records_written);
         assert!(a.passed(), "{:#?}", a.violations);
     }
+
+    #[test]
+    fn a_batch_of_seeds_passes_and_exercises_the_engine() {
+        let mut laps = 0;
+        let mut crashes_in_recovery = 0;
+        let mut corruptions = 0;
+        for seed in 0..12 {
+            let r = run(SimConfig { seed, ..SimConfig::default() });
+            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
+            laps += r.log_laps;
+            crashes_in_recovery += r.crashes_during_recovery;
+            corruptions += r.corruptions;
+        }
+        assert!(laps > 50 && crashes_in_recovery > 0 && corruptions > 0, "{laps} {crashes_in_recovery} {corruptions}");
+    }
+
+    /// Each deliberately broken variant is caught within `SABOTAGE_SEEDS` seeds (measured over
+    /// seeds 0..60: the first catches were at seeds 0 to 38).
+    ///
+    /// Not yet: `NoRecoveryEpoch`. It needs a record discarded by one crash, its successor
+    /// kept, a byte-identical record rewritten after recovery (same entries, same durable
+    /// evidence) and then different writes; random actors almost never rebuild a record byte
+    /// for byte. `tests/trust.rs` pins that bug deterministically instead.
+    const SABOTAGE_SEEDS: u64 = 60;
+
+    #[test]
+    fn every_broken_variant_is_caught() {
+        for sabotage in Sabotage::ALL.into_iter().filter(|s| *s != Sabotage::NoRecoveryEpoch) {
+            let caught =
+                (0..SABOTAGE_SEEDS).find(|&seed| !run(SimConfig { seed, sabotage, ..SimConfig::default() }).passed());
+            assert!(caught.is_some(), "{} was not caught within {SABOTAGE_SEEDS} seeds", sabotage.name());
+        }
+    }
 }
 
 #[cfg(test)]
 mod explore {
     use super::*;
 
-    /// `SIM_SEEDS=N SIM_FROM=K cargo test -p tiercache-sim explore -- --nocapture`
+    /// A debugging aid, not a test: `SIM_SEEDS=N SIM_FROM=K cargo test --release -p
+    /// tiercache-sim explore -- --ignored --nocapture` prints one line per seed.
     #[test]
+    #[ignore = "a debugging aid; `tiercache torture` is the way to run many seeds"]
     fn explore() {
         let n: u64 = std::env::var("SIM_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
         let from: u64 = std::env::var("SIM_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
