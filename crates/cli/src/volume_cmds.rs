@@ -98,6 +98,12 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
                 path.display(),
                 if sb.backing_path.is_empty() { "unrecorded".to_string() } else { sb.backing_path.clone() }
             ),
+            // A cache of another format version (or with a damaged superblock) may still hold
+            // dirty data: formatting it needs the same explicit --force.
+            Err(tiercache_engine::EngineError::Format { source, .. }) if !args.force => bail!(
+                "cache device {} holds a tiercache superblock this build cannot use ({source}); formatting it loses whatever it caches; pass --force to format it anyway",
+                path.display()
+            ),
             _ => {}
         }
         let options = CreateOptions {

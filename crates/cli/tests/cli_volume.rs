@@ -199,6 +199,10 @@ fn corrupted_foreign_or_newer_superblocks_are_refused_by_name() {
         gf.write_all_at(&sb, copy).unwrap();
     }
     fails_with(&["status", "--cache", s(&g.cache)], "written by an older tiercache");
+    // ... and `create` does not format over it without --force (it may hold dirty data).
+    let before = std::fs::read(&g.cache).unwrap();
+    fails_with(&["create", "--cache", s(&g.cache), "--backing", s(&g.backing)], "pass --force");
+    assert_eq!(before, std::fs::read(&g.cache).unwrap(), "a refused create wrote");
     // Not a cache at all.
     fails_with(&["status", "--cache", s(&g.backing)], "is not a tiercache cache");
 }

@@ -12,10 +12,18 @@
 //! | checkpoint | both areas valid | the higher sequence |
 //! | | one valid | that one |
 //! | | none valid | corrupt (create always writes one) |
-//! | each record from the checkpoint's position | header invalid, wrong sequence, wrong position, broken chain, beyond head + log, or a data CRC mismatch | stop: the tail is here |
+//! | each record from the checkpoint's position | header invalid, wrong sequence, wrong position, broken chain, epoch lower than the previous, beyond head + log | stop: the chain ends here |
+//! | | a data CRC mismatch | keep walking; see "the tail" |
 //! | | all checks pass | keep it, continue |
+//! | the tail | the first damaged record with a sequence above every durable sequence the chain vouches for (`durable_back`) | cut there: a torn write, never acknowledged |
+//! | | a damaged record some record vouches for | keep it: its damaged dirty entries are lost blocks (corruption of acknowledged data) |
 //! | building the index | checkpoint entry whose position (relative to the checkpoint) is below the final head, or whose slot the replayed tail reused | skip it |
+//! | | checkpoint tombstone, or a `Lost` entry | the block is lost |
+//! | | replayed dirty data entry | ends a loss of that block |
+//! | | MarkClean naming a lost block's position | ends that loss (the backing device holds it) |
 //! | | replayed data entry below the final head | skip it (and forget older copies) |
+//! | | more lost blocks than the checkpoint can remember | refuse to open (the device is failing) |
+//! | open | every run | flush, recheck lost blocks against the backing device by CRC, new epoch, checkpoint, serve |
 
 use crate::error::{EngineError, Result};
 use crate::index::{Index, IndexEntry};
@@ -426,6 +434,13 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
         }
     }
     let replayed = records.len() as u64;
+    let max_lost = Layout::max_lost_blocks_for(log_blocks) as usize;
+    if lost.len() > max_lost {
+        return Err(EngineError::Corrupt(format!(
+            "{} blocks are lost to checksum failures, more than the {max_lost} this cache can remember: the cache device is failing",
+            lost.len()
+        )));
+    }
     Ok(Recovered {
         superblock: sb,
         index,
@@ -540,7 +555,13 @@ impl Volume {
                 block_size: recovered.superblock.layout.block_size,
             }),
         };
-        Ok(Volume::assemble(cache, backing, clock, recovered, VolumeOptions::default()))
+        let checked = !matches!(backing.describe().as_str(), "(backing device not given)");
+        let volume = Volume::assemble(cache, backing, clock, recovered, VolumeOptions::default());
+        if checked {
+            // Read-only: only the RAM view changes (what the next open would also conclude).
+            volume.recheck_lost_against_backing();
+        }
+        Ok(volume)
     }
 }
 
