@@ -60,7 +60,7 @@ impl Volume {
             report.problem(format!(
                 "{} lost block(s), reading as I/O errors until rewritten: {}",
                 lost.len(),
-                lost.iter().take(32).map(u64::to_string).collect::<Vec<_>>().join(", ")
+                crate::error::fmt_blocks(&lost)
             ));
         }
         let entries = self.index_snapshot();

@@ -69,7 +69,8 @@ impl EngineError {
     }
 }
 
-fn fmt_blocks(blocks: &[u64]) -> String {
+/// The first 32 block numbers, comma-separated, with "..." when there are more.
+pub(crate) fn fmt_blocks(blocks: &[u64]) -> String {
     let mut s = blocks.iter().take(32).map(u64::to_string).collect::<Vec<_>>().join(", ");
     if blocks.len() > 32 {
         s.push_str(", ...");

@@ -288,7 +288,8 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
     // unless a record of the chain vouches it was durable before (`durable_back`): then the
     // damage is corruption of acknowledged data, its blocks are declared lost, and replay
     // goes on.
-    let mut records: Vec<(u64, RecordHeader, Vec<usize>)> = Vec::new();
+    // (position, header, damaged data entries, the header's stored checksum)
+    let mut records: Vec<(u64, RecordHeader, Vec<usize>, u32)> = Vec::new();
     let mut evidence = ck.next_record_sequence.saturating_sub(1);
     let mut pos = ck.log_position;
     let mut seq = ck.next_record_sequence;
@@ -332,21 +333,17 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
         epoch = h.epoch;
         prev = RecordHeader::stored_checksum(&header_block);
         seq += 1;
-        records.push((pos, h, bad));
+        records.push((pos, h, bad, prev));
         pos = end;
     }
     // The tail: the first damaged record nothing vouches for (a torn write that was never
     // acknowledged) ends the log; records after it are dropped with it.
-    if let Some(cut) = records.iter().position(|(_, h, bad)| !bad.is_empty() && h.sequence > evidence) {
+    if let Some(cut) = records.iter().position(|(_, h, bad, _)| !bad.is_empty() && h.sequence > evidence) {
         records.truncate(cut);
     }
     let (tail, head, epoch, seq, prev) = match records.last() {
-        Some((pos, h, _)) => {
-            let crc = {
-                read_log(cache, &layout, *pos, &mut header_block)?;
-                RecordHeader::stored_checksum(&header_block)
-            };
-            (pos + h.total_blocks(), h.head_position, h.epoch.max(ck.epoch), h.sequence + 1, crc)
+        Some((pos, h, _, crc)) => {
+            (pos + h.total_blocks(), h.head_position, h.epoch.max(ck.epoch), h.sequence + 1, *crc)
         }
         None => (ck.log_position, ck.head_position, ck.epoch, ck.next_record_sequence, ck.prev_record_checksum),
     };
@@ -373,7 +370,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
             );
         }
     }
-    for (pos, h, bad) in &records {
+    for (pos, h, bad, _) in &records {
         let mut k = 0u64;
         for e in &h.entries {
             match e.kind {
@@ -545,6 +542,7 @@ impl Volume {
         clock: Arc<dyn Clock>,
     ) -> Result<Volume> {
         let recovered = recover(&*cache)?;
+        let checked = backing.is_some();
         let backing: Arc<dyn BlockDevice> = match backing {
             Some(b) => {
                 check_backing(&recovered.superblock, &recovered, &*b)?;
@@ -555,7 +553,6 @@ impl Volume {
                 block_size: recovered.superblock.layout.block_size,
             }),
         };
-        let checked = !matches!(backing.describe().as_str(), "(backing device not given)");
         let volume = Volume::assemble(cache, backing, clock, recovered, VolumeOptions::default());
         if checked {
             // Read-only: only the RAM view changes (what the next open would also conclude).

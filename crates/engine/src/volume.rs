@@ -1660,11 +1660,9 @@ impl Volume {
         Ok(())
     }
 
-    /// Every lost block, in address order (see `Lost`).
+    /// Every lost block, in address order (see `Lost`; the map is ordered).
     pub fn lost_blocks(&self) -> Vec<u64> {
-        let mut v: Vec<u64> = self.lock().lost.keys().copied().collect();
-        v.sort_unstable();
-        v
+        self.lock().lost.keys().copied().collect()
     }
 
     // ---------------------------------------------------------------- background work
@@ -1778,12 +1776,7 @@ impl Volume {
             dirty_high_permille: sb.dirty_high_permille,
             oldest_dirty_age_seconds,
             lost_blocks: st.lost.len() as u64,
-            lost_block_numbers: {
-                let mut v: Vec<u64> = st.lost.keys().copied().collect();
-                v.sort_unstable();
-                v.truncate(crate::constants::STATUS_LOST_BLOCKS_LISTED);
-                v
-            },
+            lost_block_numbers: st.lost.keys().copied().take(crate::constants::STATUS_LOST_BLOCKS_LISTED).collect(),
             read_hit_ratio: if lookups == 0 { None } else { Some(c.read_hit_blocks as f64 / lookups as f64) },
             index_ram_bytes: st.index.memory_bytes() as u64,
             index_ram_bytes_per_cached_block: st.index.bytes_per_cached_block(),

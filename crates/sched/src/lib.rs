@@ -327,56 +327,36 @@ mod tests {
     #[test]
     fn a_held_lock_yields_and_a_deadlock_is_reported_stuck() {
         quiet_stuck_panics();
+        // Two threads take two locks in opposite orders, with a scheduling point between.
+        let inversion = |s: &Sched| {
+            let a = Arc::new(Mutex::new(()));
+            let b = Arc::new(Mutex::new(()));
+            let (a2, b2) = (Arc::clone(&a), Arc::clone(&b));
+            let h = s.spawn(move || {
+                let _x = b2.lock().unwrap();
+                yield_now();
+                let _y = a2.lock().unwrap();
+            });
+            let _x = a.lock().unwrap();
+            yield_now();
+            let _y = b.lock().unwrap();
+            drop((_x, _y));
+            s.join(h);
+        };
         let ticks = Arc::new(AtomicU64::new(0));
         let t2 = Arc::clone(&ticks);
-        let r = Sched::run(
+        // Either a schedule let one thread take both locks first, or they deadlocked; the
+        // clock ticked at the scheduling points either way.
+        let _ = Sched::run(
             1,
             10_000,
             move || {
                 t2.fetch_add(1, Ordering::Relaxed);
             },
-            |s| {
-                let a = Arc::new(Mutex::new(()));
-                let b = Arc::new(Mutex::new(()));
-                let (a2, b2) = (Arc::clone(&a), Arc::clone(&b));
-                let h = s.spawn(move || {
-                    let _x = b2.lock().unwrap();
-                    yield_now();
-                    let _y = a2.lock().unwrap();
-                });
-                let _x = a.lock().unwrap();
-                yield_now();
-                let _y = b.lock().unwrap();
-                drop((_x, _y));
-                s.join(h);
-            },
+            inversion,
         );
-        // Either a schedule let one thread take both locks first, or they deadlocked.
         assert!(ticks.load(Ordering::Relaxed) > 0);
-        let _ = r;
-        let stuck = (0..50).any(|seed| {
-            Sched::run(
-                seed,
-                10_000,
-                || {},
-                |s| {
-                    let a = Arc::new(Mutex::new(()));
-                    let b = Arc::new(Mutex::new(()));
-                    let (a2, b2) = (Arc::clone(&a), Arc::clone(&b));
-                    let h = s.spawn(move || {
-                        let _x = b2.lock().unwrap();
-                        yield_now();
-                        let _y = a2.lock().unwrap();
-                    });
-                    let _x = a.lock().unwrap();
-                    yield_now();
-                    let _y = b.lock().unwrap();
-                    drop((_x, _y));
-                    s.join(h);
-                },
-            )
-            .is_err()
-        });
+        let stuck = (0..50).any(|seed| Sched::run(seed, 10_000, || {}, inversion).is_err());
         assert!(stuck, "a lock-order inversion deadlocks under some seed and is reported");
     }
 
