@@ -858,11 +858,16 @@ impl Volume {
         }
     }
 
-    /// Whether the backing device holds exactly the version with CRC `crc` of `block` (then
-    /// a dirty copy that fails its checksum is not a loss: it was written back, and a crash
-    /// dropped the MarkClean entry that said so). Reads into `buf`; holds no lock.
+    /// Whether the backing device durably holds exactly the version with CRC `crc` of
+    /// `block` (then a dirty copy that fails its checksum is not a loss: it was written back,
+    /// and a crash dropped the MarkClean entry that said so). A read sees the backing
+    /// device's volatile cache too: the version read may be a write-back still waiting for
+    /// its backing flush, which a crash would drop, so a match is flushed before it counts
+    /// (the copy is forgotten on the strength of it). Reads into `buf`; holds no lock.
     fn backing_holds(&self, block: u64, crc: u32, buf: &mut [u8]) -> bool {
-        self.backing.read_at(block * self.bs as u64, buf).is_ok() && checksum(buf) == crc
+        self.backing.read_at(block * self.bs as u64, buf).is_ok()
+            && checksum(buf) == crc
+            && self.backing.flush().is_ok()
     }
 
     /// A dirty copy failed its checksum but the backing device holds that very version:
