@@ -9,14 +9,24 @@
 //! - client actors (1 to 3, each owning a range of blocks, as a database owns its files):
 //!   full-block writes, identical rewrites, FUA writes, partial-block and unaligned writes
 //!   (read-modify-write), write-zeroes (aligned and not), discards, reads checked exactly,
-//!   flushes; after a crash a client may first redo its unflushed writes, byte for byte, as
-//!   a database replays its journal;
-//! - a destager actor (write-back batches, the head pre-cleaner) and a background actor
-//!   (background ticks, checkpoints);
+//!   flushes, back to back; or, in some cycles, writes only (a bulk load) or writes and
+//!   flushes paced slower than the staging age (each write sealed into its own record);
+//!   after a crash a client may first redo its writes not known durable, byte for byte, all
+//!   of them then a FLUSH, or a run of them cut anywhere and then new work (a journal
+//!   replayed from the database's own checkpoint, its end torn);
+//! - a destager actor (write-back batches, the head pre-cleaner; in some cycles it starts
+//!   late) and a background actor (background ticks, forced checkpoints at a rate drawn per
+//!   cycle, none in some);
 //! - in some cycles, a corrupter: silent corruption of durable cache blocks holding data
 //!   (clean or dirty), and latent read errors; and device failures at a random I/O;
-//! - a crasher: power is cut at a random step (both devices at once, mid-operation); in
-//!   some recoveries too, so crashes land inside recovery and its checkpoint.
+//! - a crasher: power is cut (both devices at once, mid-operation) at a random step of the
+//!   run, or at the first moment after it at which the cache device holds several written
+//!   but unflushed blocks (records between two FLUSHes: a crash can drop one and keep the
+//!   next); in some recoveries too, so crashes land inside recovery and its checkpoint.
+//!
+//! After a crash the oracle reads every block back, one request per block or in requests
+//! too large to be admitted to the cache (so the first record written after recovery is
+//! the clients' own again).
 //!
 //! Devices run on virtual time: the cache fast, the backing device slow (milliseconds per
 //! write and up to hundreds per flush), so the log laps several times during one write-back.
@@ -46,6 +56,11 @@ const BS: usize = 4096;
 const QUANTUM_NS: u64 = 100_000;
 /// Scheduling points one seed may take before it is declared stuck (a deadlock or livelock).
 const MAX_STEPS: u64 = 20_000_000;
+/// Scheduling steps as long as the engine's staging age (virtual time passes per step).
+const PACED_PAUSE_STEPS: u64 = tiercache_engine::constants::STAGING_MAX_AGE_MS * 1_000_000 / QUANTUM_NS;
+/// Blocks per read request when the oracle reads the volume back without admitting it to
+/// the cache (larger than `ADMIT_MAX_REQUEST_BYTES`).
+const WHOLE_READ_BLOCKS: u64 = 2 * tiercache_engine::constants::ADMIT_MAX_REQUEST_BYTES / BS as u64;
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -303,8 +318,12 @@ impl World {
         }
     }
 
-    /// A FLUSH that started at `start` returned Ok: every write completed before it is durable.
+    /// A FLUSH that started at `start` returned Ok: every write completed before it is
+    /// durable, whichever client wrote it, and leaves the clients' redo logs.
     fn flushed(&self, start: u64) {
+        for log in self.redo.lock().expect("redo").iter_mut() {
+            log.retain(|&(_, _, step)| step >= start);
+        }
         let mut m = self.model.lock().expect("model");
         for b in m.iter_mut() {
             if let Some(k) = b.newer.iter().rposition(|&(_, _, step)| step < start) {
@@ -319,8 +338,8 @@ impl World {
     }
 }
 
-/// A client's writes since its last flush: (byte offset, data).
-type RedoLog = Vec<(u64, Vec<u8>)>;
+/// A client's writes not known durable: (byte offset, data, step when it completed).
+type RedoLog = Vec<(u64, Vec<u8>, u64)>;
 
 /// One client's view: it owns blocks `lo..hi` and is their only writer.
 struct Client {
@@ -329,7 +348,35 @@ struct Client {
     hi: u64,
     rng: ChaCha8Rng,
     ops: u64,
-    redo_first: bool,
+    redo: Redo,
+    profile: Profile,
+}
+
+/// The shape of a cycle's client work.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Profile {
+    /// Every kind of operation, back to back.
+    Mixed,
+    /// Writes only (a bulk load): records hold nothing but the clients' own blocks.
+    Burst,
+    /// Writes, identical rewrites and flushes with pauses longer than the staging age
+    /// between them (a quiet database): the background writer seals each write into its own
+    /// record, so records written before a crash are the easiest to write again after it.
+    Paced,
+}
+
+/// What a client does first after a crash with the writes it completed but never flushed.
+#[derive(Debug, Clone, Copy)]
+enum Redo {
+    /// Nothing: they are gone or not, as the volume decided.
+    Nothing,
+    /// All of them, byte for byte, then a FLUSH (a database replaying its journal).
+    All,
+    /// A run of them, byte for byte, then new work without a FLUSH (a journal replayed from
+    /// the database's own checkpoint, its end torn): the log is rebuilt exactly up to some
+    /// record, then diverges. A stale record left beyond one the crash discarded must not
+    /// chain onto the rebuilt one.
+    Part,
 }
 
 /// Why an actor stopped early.
@@ -346,21 +393,48 @@ fn fresh(world: &World, block: u64) -> Vec<u8> {
 
 impl Client {
     fn run(mut self, world: &World, volume: &Volume, sched: &Sched, cache: &SimDevice, backing: &SimDevice) {
-        if self.redo_first {
-            let redo = std::mem::take(&mut world.redo.lock().expect("redo")[self.id]);
-            for (offset, data) in redo {
+        if !matches!(self.redo, Redo::Nothing) {
+            let mut redo = std::mem::take(&mut world.redo.lock().expect("redo")[self.id]);
+            if matches!(self.redo, Redo::Part) {
+                // A run of blocks, cut anywhere, inside multi-block writes too (records hold
+                // blocks, not writes); from the start, or from where the database's own
+                // checkpoint left off.
+                let total: usize = redo.iter().map(|(_, d, _)| d.len() / BS).sum::<usize>().max(1);
+                let mut skip = if self.rng.gen_bool(0.5) { 0 } else { self.rng.gen_range(0..total) };
+                let mut keep = self.rng.gen_range(1..=total - skip);
+                redo = redo
+                    .into_iter()
+                    .filter_map(|(offset, d, step)| {
+                        let n = d.len() / BS;
+                        let from = skip.min(n);
+                        skip -= from;
+                        let take = (n - from).min(keep);
+                        keep -= take;
+                        (take > 0)
+                            .then(|| (offset + (from * BS) as u64, d[from * BS..(from + take) * BS].to_vec(), step))
+                    })
+                    .collect();
+            }
+            for (offset, data, _) in redo {
+                self.pause(sched);
                 if self.write(world, volume, sched, offset / BS as u64, data, false).is_err() {
                     return;
                 }
             }
-            if self.flush(world, volume, sched).is_err() {
+            if matches!(self.redo, Redo::All) && self.flush(world, volume, sched).is_err() {
                 return;
             }
         }
         for _ in 0..self.ops {
             world.counters.operations.fetch_add(1, Ordering::Relaxed);
             let failed_before = cache.stats().failed_ops + backing.stats().failed_ops;
-            let r = match self.rng.gen_range(0..100) {
+            let op = match self.profile {
+                Profile::Mixed => self.rng.gen_range(0..100),
+                Profile::Burst => 0,
+                Profile::Paced => [0, 0, 70, 90][self.rng.gen_range(0..4)],
+            };
+            self.pause(sched);
+            let r = match op {
                 0..=29 => self.write_op(world, volume, sched, false),
                 30..=33 => self.write_op(world, volume, sched, true),
                 34..=41 => self.partial_op(world, volume, sched, false),
@@ -372,6 +446,16 @@ impl Client {
             };
             if r.is_err() {
                 return;
+            }
+        }
+    }
+
+    /// In a paced cycle, waits longer than the staging age (in virtual time) or not at all.
+    fn pause(&mut self, sched: &Sched) {
+        if self.profile == Profile::Paced {
+            let until = sched.steps() + self.rng.gen_range(0..3 * PACED_PAUSE_STEPS);
+            while sched.steps() < until {
+                yield_now();
             }
         }
     }
@@ -409,7 +493,7 @@ impl Client {
                 if fua {
                     redo[self.id].clear();
                 } else {
-                    redo[self.id].push((offset, data));
+                    redo[self.id].push((offset, data, sched.steps()));
                 }
                 Ok(())
             }
@@ -491,7 +575,7 @@ impl Client {
         match r {
             Ok(()) => {
                 world.completed(start, &after, started, sched.steps(), false);
-                world.redo.lock().expect("redo")[self.id].push((start * BS as u64, after));
+                world.redo.lock().expect("redo")[self.id].push((start * BS as u64, after, sched.steps()));
                 Ok(())
             }
             Err(EngineError::LostBlock { block }) => {
@@ -562,7 +646,6 @@ impl Client {
         match volume.flush() {
             Ok(()) => {
                 world.flushed(start);
-                world.redo.lock().expect("redo")[self.id].clear();
                 Ok(())
             }
             Err(e) => Err(self.error(world, "flush", &e)),
@@ -689,7 +772,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         };
         let volume = Arc::new(volume);
         if cycle > 0 {
-            verify_after_crash(&world, &volume);
+            verify_after_crash(&world, &volume, rng.gen_bool(0.5));
         }
         if !world.violations.lock().expect("v").is_empty() {
             break;
@@ -732,7 +815,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         if let Some(volume) =
             recover(sched, &world, &cache, &backing, &cache_sim, &backing_sim, options, &mut rng, report)
         {
-            verify_after_crash(&world, &volume);
+            verify_after_crash(&world, &volume, rng.gen_bool(0.5));
         }
     }
     finish(report, &world, sched);
@@ -895,16 +978,21 @@ fn recover(
 /// After a crash: every block reads as its last flushed content or a newer completed (or
 /// attempted) one, or fails as lost if its dirty copy was corrupted. What is read becomes the
 /// new truth.
-fn verify_after_crash(world: &World, volume: &Volume) {
+///
+/// With `whole`, the volume is read in requests too large for the read cache to admit
+/// (falling back to single blocks where one fails), so that the first record written after
+/// recovery is the clients' own, as it was before the crash: a stale record beyond one the
+/// crash discarded then has the best chance to chain on, if the engine lets it.
+fn verify_after_crash(world: &World, volume: &Volume, whole: bool) {
     let mut m = world.model.lock().expect("model");
-    let mut buf = vec![0u8; BS];
     let mut found = Vec::new();
+    let reads = read_back(volume, m.len() as u64, whole);
     let snapshot = if std::env::var_os("SIM_TRACE_INDEX").is_some() { volume.index_snapshot() } else { Vec::new() };
-    for (block, b) in m.iter_mut().enumerate() {
+    for ((block, b), read) in m.iter_mut().enumerate().zip(reads) {
         let block = block as u64;
         trace(block, || format!("after recovery: {:?}", snapshot.iter().find(|(x, _)| *x == block)));
-        match volume.read(block * BS as u64, &mut buf) {
-            Ok(()) => {
+        match read {
+            Ok(buf) => {
                 let h = hash(&buf);
                 let rescued = b.floor.is_none() && b.lost_bytes.as_deref().map(hash) == Some(h);
                 let allowed =
@@ -922,7 +1010,7 @@ fn verify_after_crash(world: &World, volume: &Volume) {
                     found.push((kind, block, detail));
                 }
                 b.floor = Some(h);
-                b.current = Some(buf.clone());
+                b.current = Some(buf);
                 b.corrupted_at = None; // its readable copy verified
             }
             Err(EngineError::LostBlock { .. }) => {
@@ -946,6 +1034,27 @@ fn verify_after_crash(world: &World, volume: &Volume) {
     }
 }
 
+/// Reads every block of the volume: one request per block, or (`whole`) requests of
+/// `WHOLE_READ_BLOCKS`, which bypass read admission, retried block by block where one fails.
+fn read_back(volume: &Volume, blocks: u64, whole: bool) -> Vec<Result<Vec<u8>, EngineError>> {
+    let one = |block: u64| {
+        let mut buf = vec![0u8; BS];
+        volume.read(block * BS as u64, &mut buf).map(|()| buf)
+    };
+    let mut out = Vec::with_capacity(blocks as usize);
+    let step = if whole { WHOLE_READ_BLOCKS } else { 1 };
+    for first in (0..blocks).step_by(step as usize) {
+        let n = step.min(blocks - first);
+        let mut buf = vec![0u8; n as usize * BS];
+        match volume.read(first * BS as u64, &mut buf) {
+            Ok(()) => out.extend(buf.chunks(BS).map(|c| Ok(c.to_vec()))),
+            Err(_) if n > 1 => out.extend((first..first + n).map(one)),
+            Err(e) => out.push(Err(e)),
+        }
+    }
+    out
+}
+
 /// One cycle of concurrent work; returns whether it ended without any fault.
 #[allow(clippy::too_many_arguments)]
 fn run_cycle(
@@ -962,6 +1071,7 @@ fn run_cycle(
     let stop = Arc::new(AtomicBool::new(false));
     let per = blocks / clients as u64;
     let mut client_handles = Vec::new();
+    let profile = [Profile::Mixed, Profile::Mixed, Profile::Mixed, Profile::Burst, Profile::Paced][rng.gen_range(0..5)];
     for id in 0..clients {
         let lo = id as u64 * per;
         let hi = if id + 1 == clients { blocks } else { lo + per };
@@ -971,7 +1081,8 @@ fn run_cycle(
             hi,
             rng: ChaCha8Rng::seed_from_u64(rng.gen()),
             ops: rng.gen_range(1..=config.ops),
-            redo_first: rng.gen_bool(0.7),
+            profile,
+            redo: [Redo::Nothing, Redo::All, Redo::All, Redo::Part, Redo::Part][rng.gen_range(0..5)],
         };
         let (w, v, c, b) = (Arc::clone(world), Arc::clone(volume), Arc::clone(cache_sim), Arc::clone(backing_sim));
         let s = sched.clone();
@@ -982,8 +1093,18 @@ fn run_cycle(
     {
         let (w, v, stop) = (Arc::clone(world), Arc::clone(volume), Arc::clone(&stop));
         let mut r = ChaCha8Rng::seed_from_u64(rng.gen());
+        // In some cycles write-back starts late: until then records hold only the clients'
+        // writes, as after a recovery (no MarkClean entries), so redone writes can rebuild
+        // a record exactly.
+        let late = if rng.gen_bool(0.3) { rng.gen_range(0..20_000u64) } else { 0 };
+        let s = sched.clone();
+        let from = s.steps() + late;
         helpers.push(sched.spawn(move || {
             while !stop.load(Ordering::Relaxed) {
+                if s.steps() < from {
+                    yield_now();
+                    continue;
+                }
                 let res = if r.gen_bool(0.6) {
                     v.destage_step(r.gen_range(1..64)).map(|_| ())
                 } else {
@@ -1005,9 +1126,12 @@ fn run_cycle(
     {
         let (w, v, stop) = (Arc::clone(world), Arc::clone(volume), Arc::clone(&stop));
         let mut r = ChaCha8Rng::seed_from_u64(rng.gen());
+        // Forced checkpoints flush the cache device: frequent in some cycles, none in others
+        // (then several records can wait unflushed, and a crash can split them).
+        let forced = [0.1, 0.02, 0.0][rng.gen_range(0..3)];
         helpers.push(sched.spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                let res = if r.gen_bool(0.1) { v.checkpoint() } else { v.background_tick() };
+                let res = if r.gen_bool(forced) { v.checkpoint() } else { v.background_tick() };
                 if let Err(e) = res {
                     if !w.fault_seen() {
                         w.violation(ViolationKind::UnexpectedError, None, format!("background: {e}"));
@@ -1073,11 +1197,19 @@ fn run_cycle(
         }
         faulted_by_design = true;
     }
-    let crasher = rng.gen_bool(0.7).then(|| {
-        let steps = rng.gen_range(10..20_000u64);
-        let (w, c, b, stop) = (Arc::clone(world), Arc::clone(cache_sim), Arc::clone(backing_sim), Arc::clone(&stop));
+    // The moment: a random step; or, in half the cycles, the first moment after a random
+    // step at which the cache holds `n` written but unflushed blocks (records between two
+    // FLUSHes, which a crash may drop, apply or tear independently: one record lost and the
+    // next kept). Frequent FLUSHes and checkpoints make those moments too brief for a
+    // random step to hit often.
+    let crasher = rng.gen_bool(0.5).then(|| {
+        let unflushed = rng.gen_bool(0.5).then(|| rng.gen_range(2..=4usize));
+        // Steps of the whole run (every actor's), not of this actor's own turns.
+        let at = sched.steps() + rng.gen_range(10..if unflushed.is_some() { 8_000 } else { 30_000u64 });
+        let (w, c, b, stop, s) =
+            (Arc::clone(world), Arc::clone(cache_sim), Arc::clone(backing_sim), Arc::clone(&stop), sched.clone());
         sched.spawn(move || {
-            for _ in 0..steps {
+            while s.steps() < at || unflushed.is_some_and(|n| c.pending_writes() < n) {
                 if stop.load(Ordering::Relaxed) {
                     return;
                 }
