@@ -431,6 +431,7 @@ impl Client {
             let op = match self.profile {
                 Profile::Mixed => self.rng.gen_range(0..100),
                 Profile::Burst => 0,
+                // Codes of the table below: write, write, flush, identical rewrite.
                 Profile::Paced => [0, 0, 70, 90][self.rng.gen_range(0..4)],
             };
             self.pause(sched);
@@ -790,10 +791,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
             let start = sched.steps();
             match volume.shutdown() {
                 Ok(()) => {
-                    world.flushed(start);
-                    for r in world.redo.lock().expect("redo").iter_mut() {
-                        r.clear();
-                    }
+                    world.flushed(start); // empties the redo logs too: no client is running
                     report.clean_shutdowns += 1;
                 }
                 Err(e) if !world.fault_seen() => {
