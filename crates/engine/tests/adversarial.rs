@@ -533,6 +533,88 @@ fn a_block_written_back_while_its_cache_copy_rots_is_not_reported_lost() {
     assert_eq!(r.as_ref().ok(), Some(&Some(1)), "B reads {r:?} though the backing device holds its newest data");
 }
 
+// Failed before its fix: a reader found a rotted dirty copy, saw its version (identical
+// content: the block's original data) on the backing device, and forgot the copy, while a
+// write-back batch that had already taken an older version of the block was still on its way
+// to the backing device. The batch then wrote that older version: the flushed rewrite read
+// back as the data it replaced, with no error.
+#[test]
+fn a_repair_from_the_backing_device_waits_for_an_older_write_back_in_flight() {
+    let (cache, backing) = devices(8, 64);
+    let gated = Hook::new(Arc::clone(&cache));
+    let volume = Arc::new(open(gated.clone(), backing.clone()));
+    const B: u64 = 9;
+    write(&volume, B, 1);
+    volume.flush().unwrap();
+    // The batch takes version 1 and stops at the cache flush before its backing write.
+    gated.hold_flush(0);
+    let destager = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || volume.destage_step(64))
+    };
+    gated.wait_until_held();
+    // Version 0 again (the backing device's content), flushed; then its only copy rots.
+    write(&volume, B, 0);
+    volume.flush().unwrap();
+    corrupt_cached_block(&cache, &volume, B);
+    let reader = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || read_version(&volume, B))
+    };
+    // Give an unfixed engine time to answer from the backing device before the batch resumes.
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    gated.open_gate();
+    destager.join().unwrap().unwrap();
+    let during = reader.join().unwrap();
+    let after = read_version(&volume, B);
+    for r in [&during, &after] {
+        // Version 0 (a repair that was right) or lost (the backing device now holds version
+        // 1, so the flushed version 0 exists nowhere), never version 1.
+        assert!(is_lost(r, B) || r.as_ref().ok() == Some(&Some(0)), "B read {r:?}: the flushed version 0 was lost");
+    }
+    assert!(is_lost(&after, B), "the backing device holds version 1, so version 0 is lost: {after:?}");
+}
+
+// The same race on reclaim's path: reclaim reaches the rotted copy while it copies live dirty
+// blocks forward, and must not forget it on the strength of a backing read that the batch in
+// flight is about to overwrite.
+#[test]
+fn reclaim_does_not_forget_a_rotted_copy_while_an_older_write_back_is_in_flight() {
+    let (cache, backing) = devices(8, 64);
+    let gated = Hook::new(Arc::clone(&cache));
+    let volume = Arc::new(open(gated.clone(), backing.clone()));
+    const B: u64 = 9;
+    const C: u64 = 20;
+    write(&volume, B, 1);
+    volume.flush().unwrap();
+    gated.hold_flush(0);
+    let destager = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || volume.destage_step(64))
+    };
+    gated.wait_until_held();
+    write(&volume, B, 0);
+    volume.flush().unwrap();
+    corrupt_cached_block(&cache, &volume, B);
+    // Rewrites of another block lap the log twice: reclaim passes B's rotted copy.
+    let writer = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || {
+            for v in 1..=64 {
+                write(&volume, C, v);
+                volume.flush().unwrap();
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    gated.open_gate();
+    destager.join().unwrap().unwrap();
+    writer.join().unwrap();
+    let after = read_version(&volume, B);
+    assert!(is_lost(&after, B), "the backing device holds version 1, so the flushed version 0 is lost: {after:?}");
+    assert_eq!(read_version(&volume, C).unwrap(), Some(64));
+}
+
 // ------------------------------------------------------------------------------------------
 // Pins for the lost-block lifecycle with rewrites, partial writes, zeroes and discards.
 

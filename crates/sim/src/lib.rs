@@ -9,8 +9,12 @@
 //! - client actors (1 to 3, each owning a range of blocks, as a database owns its files):
 //!   full-block writes, identical rewrites, FUA writes, partial-block and unaligned writes
 //!   (read-modify-write), write-zeroes (aligned and not), discards, reads checked exactly,
-//!   flushes, back to back; or, in some cycles, writes only (a bulk load) or writes and
-//!   flushes paced slower than the staging age (each write sealed into its own record);
+//!   flushes, back to back; or, in some cycles, writes only (a bulk load), writes and
+//!   flushes paced slower than the staging age (each write sealed into its own record), or
+//!   a circular redo log: one FLUSH per write, each block read and rewritten when the log's
+//!   tail comes back to the cache slot its last version landed in (a white-box adversary
+//!   for anything that names a slot where it means a version), while the backing device's
+//!   flushes run 5 to 10 times slower so that one write-back spans laps of the log;
 //!   after a crash a client may first redo its writes not known durable, byte for byte, all
 //!   of them then a FLUSH, or a run of them cut anywhere and then new work (a journal
 //!   replayed from the database's own checkpoint, its end torn);
@@ -23,6 +27,12 @@
 //!   run, or at the first moment after it at which the cache device holds several written
 //!   but unflushed blocks (records between two FLUSHes: a crash can drop one and keep the
 //!   next); in some recoveries too, so crashes land inside recovery and its checkpoint.
+//!
+//! Half the seeds are journal-replay seeds (swarm testing: most actors left out, so that a
+//! rare shape becomes common): one client bulk-loads without FLUSH, power is cut when the
+//! first one to three records of a run wait unflushed, and after every crash the client redoes a prefix of the writes it lost. A
+//! crash that drops a run's first record and keeps the next leaves a stale record exactly
+//! where the redo rebuilds the dropped one byte for byte.
 //!
 //! After a crash the oracle reads every block back, one request per block or in requests
 //! too large to be admitted to the cache (so the first record written after recovery is
@@ -43,6 +53,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -61,6 +72,10 @@ const PACED_PAUSE_STEPS: u64 = tiercache_engine::constants::STAGING_MAX_AGE_MS *
 /// Blocks per read request when the oracle reads the volume back without admitting it to
 /// the cache (larger than `ADMIT_MAX_REQUEST_BYTES`).
 const WHOLE_READ_BLOCKS: u64 = 2 * tiercache_engine::constants::ADMIT_MAX_REQUEST_BYTES / BS as u64;
+/// The share of journal-replay seeds (see `run_in`), and how many more cycles they run (each
+/// is short: power is cut within the first few records).
+const QUIET_SHARE: f64 = 0.5;
+const QUIET_CYCLES_FACTOR: u64 = 4;
 
 /// What to run.
 #[derive(Debug, Clone, Copy)]
@@ -146,6 +161,8 @@ struct TimedDevice {
     flush_ns: (u64, u64),
     /// Chance that an I/O stalls ten times longer (a slow device's hiccup).
     stall: f64,
+    /// Flushes take this many times longer (set per cycle: a RAID5 rebuilding, say).
+    flush_scale: Arc<AtomicU64>,
     rng: Mutex<ChaCha8Rng>,
 }
 
@@ -184,7 +201,8 @@ impl BlockDevice for TimedDevice {
         self.inner.write_at(offset, buf)
     }
     fn flush(&self) -> tiercache_device::Result<()> {
-        self.wait(self.flush_ns);
+        let scale = self.flush_scale.load(Ordering::Relaxed);
+        self.wait((self.flush_ns.0 * scale, self.flush_ns.1 * scale));
         self.inner.flush()
     }
     fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
@@ -350,6 +368,9 @@ struct Client {
     ops: u64,
     redo: Redo,
     profile: Profile,
+    /// Ring profile: the ring's size in blocks, and commits per lap of the cache's log.
+    ring: u64,
+    lap_commits: u64,
 }
 
 /// The shape of a cycle's client work.
@@ -363,6 +384,13 @@ enum Profile {
     /// between them (a quiet database): the background writer seals each write into its own
     /// record, so records written before a crash are the easiest to write again after it.
     Paced,
+    /// A circular redo log (InnoDB's log files): the client's first blocks written in turn,
+    /// each write followed by a FLUSH (one commit per write), for several laps of the cache's
+    /// log; then a lap of commits elsewhere and a read of the ring. A ring block's versions
+    /// keep landing in the slots its older versions held, while the slow backing flush of a
+    /// write-back is still running: the shape in which naming a slot instead of a version
+    /// marks the wrong version clean, and the read after the lap finds it evicted.
+    Ring,
 }
 
 /// What a client does first after a crash with the writes it completed but never flushed.
@@ -377,6 +405,9 @@ enum Redo {
     /// record, then diverges. A stale record left beyond one the crash discarded must not
     /// chain onto the rebuilt one.
     Part,
+    /// As `Part`, always from the first write: the log is rebuilt from the first record the
+    /// crash discarded (journal-replay seeds).
+    Prefix,
 }
 
 /// Why an actor stopped early.
@@ -395,12 +426,13 @@ impl Client {
     fn run(mut self, world: &World, volume: &Volume, sched: &Sched, cache: &SimDevice, backing: &SimDevice) {
         if !matches!(self.redo, Redo::Nothing) {
             let mut redo = std::mem::take(&mut world.redo.lock().expect("redo")[self.id]);
-            if matches!(self.redo, Redo::Part) {
+            if matches!(self.redo, Redo::Part | Redo::Prefix) {
                 // A run of blocks, cut anywhere, inside multi-block writes too (records hold
                 // blocks, not writes); from the start, or from where the database's own
                 // checkpoint left off.
                 let total: usize = redo.iter().map(|(_, d, _)| d.len() / BS).sum::<usize>().max(1);
-                let mut skip = if self.rng.gen_bool(0.5) { 0 } else { self.rng.gen_range(0..total) };
+                let from_start = matches!(self.redo, Redo::Prefix) || self.rng.gen_bool(0.5);
+                let mut skip = if from_start { 0 } else { self.rng.gen_range(0..total) };
                 let mut keep = self.rng.gen_range(1..=total - skip);
                 redo = redo
                     .into_iter()
@@ -425,11 +457,15 @@ impl Client {
                 return;
             }
         }
+        if self.profile == Profile::Ring {
+            let _ = self.ring_run(world, volume, sched, cache);
+            return;
+        }
         for _ in 0..self.ops {
             world.counters.operations.fetch_add(1, Ordering::Relaxed);
             let failed_before = cache.stats().failed_ops + backing.stats().failed_ops;
             let op = match self.profile {
-                Profile::Mixed => self.rng.gen_range(0..100),
+                Profile::Mixed | Profile::Ring => self.rng.gen_range(0..100),
                 Profile::Burst => 0,
                 // Codes of the table below: write, write, flush, identical rewrite.
                 Profile::Paced => [0, 0, 70, 90][self.rng.gen_range(0..4)],
@@ -449,6 +485,48 @@ impl Client {
                 return;
             }
         }
+    }
+
+    /// The ring profile's work (see `Profile::Ring`).
+    fn ring_run(&mut self, world: &World, volume: &Volume, sched: &Sched, cache: &SimDevice) -> Result<(), Stop> {
+        let laps = self.rng.gen_range(2..=3);
+        let others = self.hi - self.lo - self.ring;
+        let log_blocks = 2 * self.lap_commits;
+        // Cache slot -> the ring block whose data last landed there. When the log's tail
+        // comes back to a slot, the block that held it is the one rewritten (its data lands
+        // right after the record header): each block's versions keep the same slot, lap
+        // after lap, as a circular log sized to the cache would.
+        let mut landed: HashMap<u64, u64> = HashMap::new();
+        let mut next = 0;
+        for _ in 0..laps * self.lap_commits {
+            world.counters.operations.fetch_add(3, Ordering::Relaxed);
+            let aim = (volume.status().log_tail + 1) % log_blocks;
+            let block = landed.get(&aim).copied().unwrap_or_else(|| {
+                next += 1;
+                self.lo + (next - 1) % self.ring
+            });
+            // Read it first (a page read before it is changed): reclaim frees the slots just
+            // ahead of the tail, so a version wrongly taken for clean is gone by now.
+            let failed_before = cache.stats().failed_ops + world.backing.stats().failed_ops;
+            self.read_span(world, volume, cache, failed_before, block, 1)?;
+            self.write(world, volume, sched, block, fresh(world, block), false)?;
+            self.flush(world, volume, sched)?;
+            if let Some((_, e)) = volume.index_snapshot().into_iter().find(|&(b, _)| b == block) {
+                landed.insert(u64::from(e.slot), block);
+            }
+        }
+        for i in 0..self.lap_commits {
+            world.counters.operations.fetch_add(2, Ordering::Relaxed);
+            let block = self.lo + self.ring + i % others;
+            self.write(world, volume, sched, block, fresh(world, block), false)?;
+            self.flush(world, volume, sched)?;
+        }
+        for block in self.lo..self.lo + self.ring {
+            world.counters.operations.fetch_add(1, Ordering::Relaxed);
+            let failed_before = cache.stats().failed_ops + world.backing.stats().failed_ops;
+            self.read_span(world, volume, cache, failed_before, block, 1)?;
+        }
+        Ok(())
     }
 
     /// In a paced cycle, waits longer than the staging age (in virtual time) or not at all.
@@ -605,6 +683,19 @@ impl Client {
 
     fn read_op(&mut self, world: &World, volume: &Volume, cache: &SimDevice, failed_before: u64) -> Result<(), Stop> {
         let (start, n) = self.span(8);
+        self.read_span(world, volume, cache, failed_before, start, n)
+    }
+
+    /// Reads blocks `start..start + n` and checks them exactly.
+    fn read_span(
+        &mut self,
+        world: &World,
+        volume: &Volume,
+        cache: &SimDevice,
+        failed_before: u64,
+        start: u64,
+        n: u64,
+    ) -> Result<(), Stop> {
         let mut buf = vec![0u8; n as usize * BS];
         match volume.read(start * BS as u64, &mut buf) {
             Ok(()) => {
@@ -697,7 +788,18 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
     let log_blocks = rng.gen_range(8..=16u64) * u64::from(segment_blocks);
     let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
     let blocks = rng.gen_range(48..=160u64);
-    let clients = rng.gen_range(1..=3usize);
+    let mut clients = rng.gen_range(1..=3usize);
+    // Journal-replay seeds (module header): one client, no destager, no checkpoints forced,
+    // no corruption, read-back without admission, and a Prefix redo after every crash, so
+    // that a record rebuilt after recovery is byte-identical to the one the crash dropped;
+    // the chain must not let the stale record after it on. Drawn from its own stream.
+    let quiet = ChaCha8Rng::seed_from_u64(config.seed ^ 0x9e37_79b9).gen_bool(QUIET_SHARE);
+    let cycles = if quiet {
+        clients = 1;
+        config.cycles * QUIET_CYCLES_FACTOR
+    } else {
+        config.cycles
+    };
     let cache_sim = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
     let image: Vec<u8> = (0..blocks)
         .flat_map(|b| {
@@ -719,7 +821,8 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         })
         .collect();
     let backing_sim = Arc::new(SimDevice::from_image(image, BS as u32).with_name("backing"));
-    let timed = |inner: &Arc<SimDevice>, read, write, flush, stall, salt: u64| -> Arc<dyn BlockDevice> {
+    let backing_flush_scale = Arc::new(AtomicU64::new(1));
+    let timed = |inner: &Arc<SimDevice>, read, write, flush, stall, salt: u64, scale: &Arc<AtomicU64>| {
         Arc::new(TimedDevice {
             inner: Arc::clone(inner),
             clock: clock.clone(),
@@ -727,13 +830,22 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
             write_ns: write,
             flush_ns: flush,
             stall,
+            flush_scale: Arc::clone(scale),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed ^ salt)),
-        })
+        }) as Arc<dyn BlockDevice>
     };
     // The cache: tens of microseconds. The backing device: an HDD or a RAID5 under load.
-    let cache: Arc<dyn BlockDevice> = timed(&cache_sim, (10_000, 50_000), (20_000, 100_000), (50_000, 200_000), 0.0, 1);
-    let backing: Arc<dyn BlockDevice> =
-        timed(&backing_sim, (500_000, 5_000_000), (1_000_000, 10_000_000), (5_000_000, 60_000_000), 0.1, 2);
+    let unscaled = Arc::new(AtomicU64::new(1));
+    let cache = timed(&cache_sim, (10_000, 50_000), (20_000, 100_000), (50_000, 200_000), 0.0, 1, &unscaled);
+    let backing = timed(
+        &backing_sim,
+        (500_000, 5_000_000),
+        (1_000_000, 10_000_000),
+        (5_000_000, 60_000_000),
+        0.1,
+        2,
+        &backing_flush_scale,
+    );
     let world = Arc::new(World {
         cache: Arc::clone(&cache_sim),
         backing: Arc::clone(&backing_sim),
@@ -761,7 +873,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         return;
     }
     let options = VolumeOptions { sabotage: config.sabotage, ..VolumeOptions::default() };
-    for cycle in 0..config.cycles {
+    for cycle in 0..cycles {
         world.cycle.store(cycle, Ordering::Relaxed);
         report.cycles = cycle + 1;
         world.faulted.store(false, Ordering::Relaxed);
@@ -773,13 +885,15 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         };
         let volume = Arc::new(volume);
         if cycle > 0 {
-            verify_after_crash(&world, &volume, rng.gen_bool(0.5));
+            let whole = rng.gen_bool(0.5) || quiet;
+            verify_after_crash(&world, &volume, whole);
         }
         if !world.violations.lock().expect("v").is_empty() {
             break;
         }
         let layout = volume.superblock().layout;
-        let clean = run_cycle(sched, &world, &volume, &cache_sim, &backing_sim, &mut rng, config, clients, blocks);
+        let shape = CycleShape { clients, blocks, quiet, backing_flush_scale: Arc::clone(&backing_flush_scale) };
+        let clean = run_cycle(sched, &world, &volume, &cache_sim, &backing_sim, &mut rng, config, &shape);
         let st = volume.status();
         report.records_written += st.counters.records_written;
         report.destaged_blocks += st.counters.destaged_blocks;
@@ -1053,6 +1167,16 @@ fn read_back(volume: &Volume, blocks: u64, whole: bool) -> Vec<Result<Vec<u8>, E
     out
 }
 
+/// What a seed fixes for all its cycles.
+struct CycleShape {
+    clients: usize,
+    blocks: u64,
+    /// A journal-replay seed (see `run_in`).
+    quiet: bool,
+    /// The backing device's flush latency multiplier, set per cycle.
+    backing_flush_scale: Arc<AtomicU64>,
+}
+
 /// One cycle of concurrent work; returns whether it ended without any fault.
 #[allow(clippy::too_many_arguments)]
 fn run_cycle(
@@ -1063,17 +1187,29 @@ fn run_cycle(
     backing_sim: &Arc<SimDevice>,
     rng: &mut ChaCha8Rng,
     config: SimConfig,
-    clients: usize,
-    blocks: u64,
+    shape: &CycleShape,
 ) -> bool {
+    let &CycleShape { clients, blocks, quiet, .. } = shape;
     let stop = Arc::new(AtomicBool::new(false));
     let per = blocks / clients as u64;
     let mut client_handles = Vec::new();
-    let profile = [Profile::Mixed, Profile::Mixed, Profile::Mixed, Profile::Burst, Profile::Paced][rng.gen_range(0..5)];
+    let mut profile = [Profile::Mixed, Profile::Mixed, Profile::Mixed, Profile::Burst, Profile::Paced, Profile::Ring]
+        [rng.gen_range(0..6)];
+    if quiet {
+        profile = Profile::Burst;
+    }
+    // Ring: a ring of an eighth or a quarter of the log, one commit (a 2-block record) per
+    // block: each block's versions come back near the same slots every lap or two.
+    let log_blocks = volume.superblock().layout.log_blocks;
+    let ring_size = log_blocks / [8, 4][rng.gen_range(0..2)];
+    // A ring cycle's write-back flushes last several laps of the log (so a batch is still
+    // running when the ring's last versions land where its first ones were).
+    let scale = if profile == Profile::Ring { rng.gen_range(5..=10) } else { 1 };
+    shape.backing_flush_scale.store(scale, Ordering::Relaxed);
     for id in 0..clients {
         let lo = id as u64 * per;
         let hi = if id + 1 == clients { blocks } else { lo + per };
-        let client = Client {
+        let mut client = Client {
             id,
             lo,
             hi,
@@ -1081,7 +1217,12 @@ fn run_cycle(
             ops: rng.gen_range(1..=config.ops),
             profile,
             redo: [Redo::Nothing, Redo::All, Redo::All, Redo::Part, Redo::Part][rng.gen_range(0..5)],
+            ring: ring_size.min(hi - lo - 1),
+            lap_commits: log_blocks / 2,
         };
+        if quiet {
+            client.redo = Redo::Prefix;
+        }
         let (w, v, c, b) = (Arc::clone(world), Arc::clone(volume), Arc::clone(cache_sim), Arc::clone(backing_sim));
         let s = sched.clone();
         client_handles.push(sched.spawn(move || client.run(&w, &v, &s, &c, &b)));
@@ -1094,9 +1235,12 @@ fn run_cycle(
         // In some cycles write-back starts late: until then records hold only the clients'
         // writes, as after a recovery (no MarkClean entries), so redone writes can rebuild
         // a record exactly.
-        let late = if rng.gen_bool(0.3) { rng.gen_range(0..20_000u64) } else { 0 };
+        let mut late = if rng.gen_bool(0.3) { rng.gen_range(0..20_000u64) } else { 0 };
+        if quiet {
+            late = u64::MAX; // never: reclaim alone writes back, when the log is full
+        }
         let s = sched.clone();
-        let from = s.steps() + late;
+        let from = s.steps().saturating_add(late);
         helpers.push(sched.spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 if s.steps() < from {
@@ -1126,7 +1270,7 @@ fn run_cycle(
         let mut r = ChaCha8Rng::seed_from_u64(rng.gen());
         // Forced checkpoints flush the cache device: frequent in some cycles, none in others
         // (then several records can wait unflushed, and a crash can split them).
-        let forced = [0.1, 0.02, 0.0][rng.gen_range(0..3)];
+        let forced = if quiet { 0.0 } else { [0.1, 0.02, 0.0][rng.gen_range(0..3)] };
         helpers.push(sched.spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let res = if r.gen_bool(forced) { v.checkpoint() } else { v.background_tick() };
@@ -1143,7 +1287,7 @@ fn run_cycle(
         }));
     }
     // Corrupt media in some cycles: silent corruption of cached data, latent read errors.
-    if rng.gen_bool(0.3) {
+    if rng.gen_bool(0.3) && !quiet {
         let (w, v, c, stop) = (Arc::clone(world), Arc::clone(volume), Arc::clone(cache_sim), Arc::clone(&stop));
         let mut r = ChaCha8Rng::seed_from_u64(rng.gen());
         let layout = volume.superblock().layout;
@@ -1186,7 +1330,7 @@ fn run_cycle(
     }
     // A device failure at a random I/O in some cycles; a power cut at a random step in most.
     let mut faulted_by_design = false;
-    if rng.gen_bool(0.15) {
+    if rng.gen_bool(0.15) && !quiet {
         let n = rng.gen_range(0..300);
         if rng.gen_bool(0.6) {
             cache_sim.fail_after(None, n, FailMode::Forever);
@@ -1200,10 +1344,20 @@ fn run_cycle(
     // FLUSHes, which a crash may drop, apply or tear independently: one record lost and the
     // next kept). Frequent FLUSHes and checkpoints make those moments too brief for a
     // random step to hit often.
-    let crasher = rng.gen_bool(0.5).then(|| {
-        let unflushed = rng.gen_bool(0.5).then(|| rng.gen_range(2..=4usize));
+    let crasher = (rng.gen_bool(0.5) || quiet).then(|| {
+        let mut unflushed = rng.gen_bool(0.5).then(|| rng.gen_range(2..=4usize));
         // Steps of the whole run (every actor's), not of this actor's own turns.
-        let at = sched.steps() + rng.gen_range(10..if unflushed.is_some() { 8_000 } else { 30_000u64 });
+        let mut at = sched.steps() + rng.gen_range(10..if unflushed.is_some() { 8_000 } else { 30_000u64 });
+        if profile == Profile::Ring {
+            // A ring cycle runs for hundreds of thousands of steps (a FLUSH per write):
+            // cut power anywhere in it, mostly after several laps.
+            at = sched.steps() + rng.gen_range(10..100_000);
+        }
+        if quiet {
+            // The first records of the run: recovery leaves the chain as it was before them.
+            unflushed = Some(rng.gen_range(1..=3usize));
+            at = sched.steps() + 10;
+        }
         let (w, c, b, stop, s) =
             (Arc::clone(world), Arc::clone(cache_sim), Arc::clone(backing_sim), Arc::clone(&stop), sched.clone());
         sched.spawn(move || {
@@ -1267,18 +1421,17 @@ mod tests {
         assert!(laps > 50 && crashes_in_recovery > 0 && corruptions > 0, "{laps} {crashes_in_recovery} {corruptions}");
     }
 
-    /// Each deliberately broken variant is caught within `SABOTAGE_SEEDS` seeds (measured over
-    /// seeds 0..60: the first catches were at seeds 0 to 38).
-    ///
-    /// Not yet: `NoRecoveryEpoch`. It needs a record discarded by one crash, its successor
-    /// kept, a byte-identical record rewritten after recovery (same entries, same durable
-    /// evidence) and then different writes; random actors almost never rebuild a record byte
-    /// for byte. `tests/trust.rs` pins that bug deterministically instead.
-    const SABOTAGE_SEEDS: u64 = 60;
+    /// Each deliberately broken variant is caught within `SABOTAGE_SEEDS` seeds. The test
+    /// stops at each variant's first catch. Measured over seeds 0..100 (seeds caught, first):
+    /// destage-skips-backing-flush 94, seed 0; flush-skips-cache-flush 11, seed 8;
+    /// lost-in-ram-only 9, seed 5; no-recovery-epoch 7, seed 16; mark-clean-by-slot 10 of
+    /// 60, seed 18; reclaim-skips-marker-flush 1, seed 81 (the weakest: the copy record
+    /// must be dropped while the record after it survives, over live dirty blocks).
+    const SABOTAGE_SEEDS: u64 = 100;
 
     #[test]
     fn every_broken_variant_is_caught() {
-        for sabotage in Sabotage::ALL.into_iter().filter(|s| *s != Sabotage::NoRecoveryEpoch) {
+        for sabotage in Sabotage::ALL {
             let caught =
                 (0..SABOTAGE_SEEDS).find(|&seed| !run(SimConfig { seed, sabotage, ..SimConfig::default() }).passed());
             assert!(caught.is_some(), "{} was not caught within {SABOTAGE_SEEDS} seeds", sabotage.name());
