@@ -279,11 +279,6 @@ struct State {
     age_samples: VecDeque<(u64, u64)>,
     counters: Counters,
     destaging: bool,
-    /// The write-back batch in flight (at most one: the destage lock): block -> the log
-    /// position of the version it is writing to the backing device. A dirty copy that failed
-    /// its checksum may be forgotten because the backing device holds its version only if no
-    /// older version of the block is still on its way there (see `backing_repair`).
-    writing_back: HashMap<u64, u64>,
 }
 
 impl State {
@@ -351,16 +346,6 @@ enum Logged {
 
 /// A block picked for write-back, with the exact version it names: the log position of its
 /// copy when the batch was taken. Positions never repeat (slots do, a lap later), so
-/// What may be done with a dirty copy that failed its checksum while the backing device
-/// holds its version (`Volume::backing_repair`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Repair {
-    /// Forget the copy: reads go to the backing device.
-    Forget,
-    /// An older version of the block is being written back: wait for that batch, look again.
-    WaitForWriteBack,
-}
-
 /// "still current" is "the index still names this position".
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Picked {
@@ -480,7 +465,6 @@ impl Volume {
                 age_samples: VecDeque::new(),
                 counters: Counters::default(),
                 destaging: false,
-                writing_back: HashMap::new(),
             }),
             dirty_low_blocks: layout.log_blocks * u64::from(r.superblock.dirty_low_permille) / 1000,
             dirty_high_blocks: layout.log_blocks * u64::from(r.superblock.dirty_high_permille) / 1000,
@@ -879,24 +863,16 @@ impl Volume {
     /// and a crash dropped the MarkClean entry that said so). A read sees the backing
     /// device's volatile cache too: the version read may be a write-back still waiting for
     /// its backing flush, which a crash would drop, so a match is flushed before it counts
-    /// (the copy is forgotten on the strength of it). Reads into `buf`; holds no lock.
+    /// (the copy is forgotten on the strength of it). Reads into `buf`.
+    ///
+    /// Callers that act on the answer hold the destage lock from this check until they have
+    /// acted: otherwise a write-back batch that took an older version of the block could
+    /// write it after the check (a rewrite with the backing device's own content, zeroes
+    /// say, makes the check succeed), and the forgotten block would read the older data.
     fn backing_holds(&self, block: u64, crc: u32, buf: &mut [u8]) -> bool {
         self.backing.read_at(block * self.bs as u64, buf).is_ok()
             && checksum(buf) == crc
             && self.backing.flush().is_ok()
-    }
-
-    /// Whether a dirty copy of `block` at `position` that failed its checksum may be forgotten
-    /// now that `backing_holds` found its version on the backing device (state lock held).
-    /// Not while the write-back batch in flight carries an older version of the block: that
-    /// version's write can land after the check (a rewrite with identical content, zeroes
-    /// say, makes the check succeed), and the block would read the older data. The caller
-    /// waits for the batch (takes the destage lock) and checks again.
-    fn backing_repair(&self, st: &State, block: u64, position: u64) -> Repair {
-        match st.writing_back.get(&block) {
-            Some(&p) if p != position => Repair::WaitForWriteBack,
-            _ => Repair::Forget,
-        }
     }
 
     /// A dirty copy failed its checksum but the backing device holds that very version:
@@ -966,23 +942,16 @@ impl Volume {
                 copies.push(p);
                 continue;
             }
-            loop {
-                let on_backing = self.backing_holds(p.block, p.entry.crc, out);
-                let mut st = self.lock();
-                if st.index.get(p.block).is_none_or(|c| self.position_of(&st, &c) != p.position) {
-                    break;
-                }
-                if !on_backing {
-                    self.declare_lost(&mut st, p.block, p.position, p.entry.crc);
-                    break;
-                }
-                if self.backing_repair(&st, p.block, p.position) == Repair::Forget {
+            // (io -> destage is the lock order; a write-back batch never waits for the io lock.)
+            let _destage = self.destage.lock().expect("destage lock");
+            let on_backing = self.backing_holds(p.block, p.entry.crc, out);
+            let mut st = self.lock();
+            if st.index.get(p.block).is_some_and(|c| self.position_of(&st, &c) == p.position) {
+                if on_backing {
                     self.repaired_from_backing(&mut st, p.block, p.position);
-                    break;
+                } else {
+                    self.declare_lost(&mut st, p.block, p.position, p.entry.crc);
                 }
-                drop(st);
-                // (io -> destage is the lock order; the batch never waits for the io lock.)
-                drop(self.destage.lock().expect("destage lock"));
             }
         }
         // Every loss not yet in a written record goes into the copy record (below), because
@@ -1356,6 +1325,9 @@ impl Volume {
             };
             let read = self.cache.read_at(self.layout.log_offset(u64::from(entry.slot)), out);
             let bad_dirty = read.is_ok() && entry.dirty && checksum(out) != entry.crc;
+            // The check and what follows from it under the destage lock (`backing_holds`).
+            // (This thread holds no other lock: reads are served outside all of them.)
+            let _destage = bad_dirty.then(|| self.destage.lock().expect("destage lock"));
             let on_backing = bad_dirty && self.backing_holds(block, entry.crc, out);
             let mut st = self.lock();
             let current = st.index.get(block).map(|c| self.position_of(&st, &c));
@@ -1369,11 +1341,6 @@ impl Volume {
                 return Err(EngineError::cache(e));
             }
             if on_backing {
-                if self.backing_repair(&st, block, position) == Repair::WaitForWriteBack {
-                    drop(st);
-                    drop(self.destage.lock().expect("destage lock"));
-                    continue;
-                }
                 self.repaired_from_backing(&mut st, block, position);
                 return Ok(()); // `out` holds the backing device's copy, that very version
             }
@@ -1505,15 +1472,7 @@ impl Volume {
     /// taken, in RAM and in the MarkClean entry. The backing flush can take seconds, long
     /// enough for the log to lap and a newer version of the same block to land in the same
     /// slot; a position never repeats, so that newer version stays dirty.
-    fn destage_blocks(&self, blocks: Vec<Picked>) -> Result<usize> {
-        let result = self.write_back_batch(blocks);
-        // On success the mark phase emptied it already; on an error the batch writes no more.
-        self.lock().writing_back.clear();
-        result
-    }
-
-    /// `destage_blocks` without the bookkeeping of the batch in flight.
-    fn write_back_batch(&self, mut blocks: Vec<Picked>) -> Result<usize> {
+    fn destage_blocks(&self, mut blocks: Vec<Picked>) -> Result<usize> {
         let bs = self.bs;
         blocks.sort_unstable_by_key(|p| p.block);
         let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
@@ -1532,7 +1491,7 @@ impl Volume {
         let mut keep = vec![false; blocks.len()];
         let mut suspects = Vec::new();
         {
-            let mut st = self.lock();
+            let st = self.lock();
             for (i, p) in blocks.iter().enumerate() {
                 let current = st.index.get(p.block);
                 let still = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
@@ -1544,7 +1503,6 @@ impl Volume {
                     continue;
                 }
                 keep[i] = true;
-                st.writing_back.insert(p.block, p.position);
             }
         }
         // Copies that failed their checksum: lost, unless the backing device holds that version.
@@ -1627,7 +1585,6 @@ impl Volume {
         }
         let mut st = self.lock();
         st.counters.backing_flushes += 1;
-        st.writing_back.clear();
         for (i, p) in blocks.iter().enumerate() {
             if !keep[i] {
                 continue;

@@ -520,12 +520,16 @@ fn a_block_written_back_while_its_cache_copy_rots_is_not_reported_lost() {
     };
     gated.wait_until_held();
     corrupt_cached_block(&cache, &volume, B);
-    // The backing write completed (its flush is held): the engine may already see version 1
-    // there and repair from it, or report the block lost until the write-back completes.
-    let during = read_version(&volume, B);
-    assert!(is_lost(&during, B) || during.as_ref().ok() == Some(&Some(1)), "{during:?}");
+    // The backing write completed (its flush is held). A read of the rotted copy checks the
+    // backing device only once no write-back batch is running, so it waits for this one.
+    let reader = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || read_version(&volume, B))
+    };
     gated.open_gate();
     destager.join().unwrap().unwrap();
+    let during = reader.join().unwrap();
+    assert!(is_lost(&during, B) || during.as_ref().ok() == Some(&Some(1)), "{during:?}");
     let mut on_backing = vec![0u8; BS];
     backing.read_at(B * BS as u64, &mut on_backing).unwrap();
     assert_eq!(version_of(B, &on_backing), Some(1), "the write-back completed");
@@ -575,6 +579,47 @@ fn a_repair_from_the_backing_device_waits_for_an_older_write_back_in_flight() {
     assert!(is_lost(&after, B), "the backing device holds version 1, so version 0 is lost: {after:?}");
 }
 
+// Found by the adversarial review of that fix, which only looked for a batch still running
+// when it decided: the batch can write the older version and finish while the reader's own
+// check (its backing read and flush) is under way. The check now runs under the destage lock.
+#[test]
+fn a_write_back_that_finishes_during_the_backing_check_is_not_missed() {
+    let (cache, backing) = devices(8, 64);
+    let gated_cache = Hook::new(Arc::clone(&cache));
+    let gated_backing = Hook::new(Arc::clone(&backing));
+    let volume = Arc::new(open(gated_cache.clone(), gated_backing.clone()));
+    const B: u64 = 9;
+    write(&volume, B, 1);
+    volume.flush().unwrap();
+    gated_cache.hold_flush(0); // the batch stops before its backing write, holding version 1
+    let destager = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || volume.destage_step(64))
+    };
+    gated_cache.wait_until_held();
+    write(&volume, B, 0);
+    volume.flush().unwrap();
+    corrupt_cached_block(&cache, &volume, B);
+    // The next backing flush: the reader's, if it checks at once (an unfixed engine), or the
+    // batch's, if the reader waits for the batch (the fixed one).
+    gated_backing.hold_flush(0);
+    let reader = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || read_version(&volume, B))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    gated_cache.open_gate();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    gated_backing.open_gate();
+    destager.join().unwrap().unwrap();
+    let during = reader.join().unwrap();
+    let after = read_version(&volume, B);
+    for r in [&during, &after] {
+        assert!(is_lost(r, B) || r.as_ref().ok() == Some(&Some(0)), "B read {r:?}: the flushed version 0 was lost");
+    }
+    assert!(is_lost(&after, B), "the backing device holds version 1, so version 0 is lost: {after:?}");
+}
+
 // The same race on reclaim's path: reclaim reaches the rotted copy while it copies live dirty
 // blocks forward, and must not forget it on the strength of a backing read that the batch in
 // flight is about to overwrite.
@@ -613,6 +658,46 @@ fn reclaim_does_not_forget_a_rotted_copy_while_an_older_write_back_is_in_flight(
     let after = read_version(&volume, B);
     assert!(is_lost(&after, B), "the backing device holds version 1, so the flushed version 0 is lost: {after:?}");
     assert_eq!(read_version(&volume, C).unwrap(), Some(64));
+}
+
+// And reclaim's path with the write-back finishing during reclaim's own backing check.
+#[test]
+fn reclaim_does_not_miss_a_write_back_that_finishes_during_its_backing_check() {
+    let (cache, backing) = devices(8, 64);
+    let gated_cache = Hook::new(Arc::clone(&cache));
+    let gated_backing = Hook::new(Arc::clone(&backing));
+    let volume = Arc::new(open(gated_cache.clone(), gated_backing.clone()));
+    const B: u64 = 9;
+    const C: u64 = 20;
+    write(&volume, B, 1);
+    volume.flush().unwrap();
+    gated_cache.hold_flush(0);
+    let destager = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || volume.destage_step(64))
+    };
+    gated_cache.wait_until_held();
+    write(&volume, B, 0);
+    volume.flush().unwrap();
+    corrupt_cached_block(&cache, &volume, B);
+    gated_backing.hold_flush(0);
+    let writer = {
+        let volume = Arc::clone(&volume);
+        std::thread::spawn(move || {
+            for v in 1..=64 {
+                write(&volume, C, v);
+                volume.flush().unwrap();
+            }
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    gated_cache.open_gate();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    gated_backing.open_gate();
+    destager.join().unwrap().unwrap();
+    writer.join().unwrap();
+    let after = read_version(&volume, B);
+    assert!(is_lost(&after, B), "the backing device holds version 1, so the flushed version 0 is lost: {after:?}");
 }
 
 // ------------------------------------------------------------------------------------------
