@@ -5,6 +5,7 @@ mod bench;
 mod debug_load;
 mod devices;
 mod report;
+mod safety;
 mod serve;
 mod torture_cmd;
 mod volume_cmds;

@@ -16,8 +16,11 @@ read-modify-write writes, write-zeroes, discards, reads checked exactly, flushes
 they redo their unflushed writes), a destager, a background worker and checkpoints run as
 threads interleaved by the seed at every engine lock and device I/O; the backing device is
 slow (milliseconds per write, up to hundreds per flush) so the log laps during one
-write-back; power is cut at a random step, sometimes during recovery; some cycles corrupt
-cached data silently, inject latent read errors or make a device fail. After each crash every
+write-back; power is cut at a random step or while several cache writes wait unflushed,
+sometimes during recovery; some cycles corrupt cached data silently, inject latent read errors
+or make a device fail; some run a circular redo log (a commit per write, each block rewritten
+into the cache slot its last version held); half the seeds replay a journal after every crash,
+rebuilding a record the crash dropped byte for byte. After each crash every
 block must read as its last flushed content or a newer completed one, or as an I/O error only
 if its data was corrupted.
 
@@ -49,8 +52,10 @@ pub struct TortureArgs {
     /// concurrent, 200 serial).
     #[arg(long)]
     ops: Option<u64>,
-    /// Break the commit protocol on purpose, to see the simulator catch it.
-    #[arg(long, hide = true, value_parser = parse_sabotage)]
+    /// Break the engine on purpose, to see the simulator catch it: flush-skips-cache-flush,
+    /// reclaim-skips-marker-flush, destage-skips-backing-flush, mark-clean-by-slot,
+    /// lost-in-ram-only or no-recovery-epoch (never on real devices: the simulator only).
+    #[arg(long, value_parser = parse_sabotage)]
     sabotage: Option<Sabotage>,
     /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]

@@ -2,6 +2,7 @@
 
 use crate::devices::{parse_percent, parse_size, DeviceSpec};
 use crate::report::Table;
+use crate::safety::{self, Contents};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::sync::Arc;
@@ -38,7 +39,9 @@ pub struct CreateArgs {
     /// The destager starts writing back above this much dirty data (percent of the cache).
     #[arg(long, value_name = "PERCENT", default_value = "70", value_parser = parse_percent)]
     dirty_high: u16,
-    /// Reformat a device that already holds a tiercache cache (its cached data is lost).
+    /// Format the cache device even though it holds something (a file system, a partition
+    /// table, a tiercache cache: all of it is lost), and accept a backing device that looks
+    /// like a swapped argument (it holds a tiercache cache, or is no larger than the cache).
     #[arg(long)]
     force: bool,
     /// Leave a cache file created by --cache-size sparse instead of writing it in full once
@@ -59,6 +62,30 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
     }
     let segment_blocks = u32::try_from(args.segment_size / u64::from(args.block_size)).context("--segment-size")?;
     let path = cache_spec.path();
+    // A likely swap of arguments, refused before anything is created or written.
+    let backing_name = backing_spec.path().display();
+    if !args.force {
+        if let found @ (Contents::Tiercache { .. } | Contents::TiercacheUnreadable { .. }) =
+            safety::probe(&*backing, backing_spec.path())?
+        {
+            bail!(
+                "backing device {backing_name} holds {}: are --cache and --backing swapped? (pass --force if it really is the backing device)",
+                found.describe()
+            );
+        }
+        let cache_bytes = match (std::fs::metadata(path), args.cache_size) {
+            (Err(_), Some(size)) => Some(size),
+            (Ok(_), _) => Some(cache_spec.open("cache")?.size_bytes()),
+            (Err(_), None) => None,
+        };
+        if let Some(cache_bytes) = cache_bytes.filter(|&c| backing.size_bytes() <= c) {
+            bail!(
+                "backing device {backing_name} ({}) is no larger than the cache ({}): are --cache and --backing swapped? (pass --force to cache it anyway)",
+                human_bytes(backing.size_bytes()),
+                human_bytes(cache_bytes)
+            );
+        }
+    }
     let mut created = false;
     match (std::fs::metadata(path), args.cache_size) {
         (Err(_), Some(size)) => {
@@ -70,9 +97,13 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
                 .create_new(true)
                 .open(path)
                 .with_context(|| format!("creating {}", path.display()))?;
-            f.set_len(size).with_context(|| format!("sizing {}", path.display()))?;
-            drop(f);
             created = true;
+            if let Err(e) = f.set_len(size) {
+                drop(f);
+                let _ = std::fs::remove_file(path); // leave nothing behind
+                return Err(e).with_context(|| format!("--cache-size {size}: sizing {}", path.display()));
+            }
+            drop(f);
             if !args.sparse {
                 if let Err(e) = crate::devices::precondition_file(path, size, args.json) {
                     let _ = std::fs::remove_file(path);
@@ -92,26 +123,40 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
     }
     let result = (|| -> Result<_> {
         let cache = cache_spec.open("cache")?;
-        match read_superblock(&*cache) {
-            Ok(sb) if !args.force => bail!(
-                "cache device {} already holds a tiercache cache (for backing {}); formatting it loses its cached data, including dirty blocks never written back; run `tiercache flush` first, or pass --force",
+        // (A file this command just created holds nothing yet.)
+        let found = if created { Contents::Unrecognized } else { safety::probe(&*cache, path)? };
+        match found {
+            _ if args.force => {}
+            Contents::Tiercache { .. } => bail!(
+                "cache device {} already holds {}; formatting it loses its cached data, including dirty blocks never written back; run `tiercache flush` first, or pass --force",
                 path.display(),
-                if sb.backing_path.is_empty() { "unrecorded".to_string() } else { sb.backing_path.clone() }
+                found.describe()
             ),
             // A cache of another format version (or with a damaged superblock) may still hold
             // dirty data: formatting it needs the same explicit --force.
-            Err(tiercache_engine::EngineError::Format { source, .. }) if !args.force => bail!(
-                "cache device {} holds a tiercache superblock this build cannot use ({source}); formatting it loses whatever it caches; pass --force to format it anyway",
-                path.display()
+            Contents::TiercacheUnreadable { .. } => bail!(
+                "cache device {} holds {}; formatting it loses whatever it caches; pass --force to format it anyway",
+                path.display(),
+                found.describe()
             ),
-            _ => {}
+            Contents::Foreign { .. } => bail!(
+                "cache device {} holds {}; formatting it as a cache destroys it; pass --force to format it anyway",
+                path.display(),
+                found.describe()
+            ),
+            Contents::Unrecognized => {}
         }
         let options = CreateOptions {
             block_size: args.block_size,
             segment_blocks,
             dirty_low_permille: args.dirty_low,
             dirty_high_permille: args.dirty_high,
-            backing_path: backing_spec.path().display().to_string(),
+            // Absolute, so that `status` from another directory names it (symbolic links such
+            // as /dev/disk/by-id/... are kept: they are the stable names).
+            backing_path: std::path::absolute(backing_spec.path())
+                .unwrap_or_else(|_| backing_spec.path().to_path_buf())
+                .display()
+                .to_string(),
             uuid: None,
             created_unix_secs: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)

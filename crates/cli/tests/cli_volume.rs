@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 const BS: usize = 4096;
+const BACKING_BYTES: u64 = 64 << 20;
 
 fn tiercache(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_tiercache")).args(args).output().expect("run tiercache")
@@ -49,7 +50,9 @@ fn files() -> Files {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache.img");
     let backing = dir.path().join("backing.img");
-    std::fs::write(&backing, vec![0u8; 8 << 20]).unwrap();
+    // Larger than the 32 MiB caches below: a backing device no larger than its cache is
+    // refused as a likely swap of arguments.
+    std::fs::File::create(&backing).unwrap().set_len(BACKING_BYTES).unwrap();
     Files { _dir: dir, cache, backing }
 }
 
@@ -144,13 +147,13 @@ fn a_wrong_backing_device_is_refused_and_nothing_changes() {
     let other_size = f.backing.with_file_name("other-size.img");
     std::fs::write(&other_size, vec![0u8; 4 << 20]).unwrap();
     let other_content = f.backing.with_file_name("other-content.img");
-    let mut data = vec![0u8; 8 << 20];
+    let mut data = vec![0u8; BACKING_BYTES as usize];
     *data.last_mut().unwrap() = 1; // same size, different last block
     std::fs::write(&other_content, &data).unwrap();
     let before = (std::fs::read(&f.cache).unwrap(), std::fs::read(&other_content).unwrap());
     for (other, why) in [
         (&other_size, "its size is 4194304 bytes"),
-        (&other_content, "its block 2047 (bytes 8384512..8388608) has checksum"),
+        (&other_content, "its block 16383 (bytes 67104768..67108864) has checksum"),
     ] {
         for cmd in ["flush", "check"] {
             fails_with(&[cmd, "--cache", s(&f.cache), "--backing", s(other)], why);
@@ -205,4 +208,100 @@ fn corrupted_foreign_or_newer_superblocks_are_refused_by_name() {
     assert_eq!(before, std::fs::read(&g.cache).unwrap(), "a refused create wrote");
     // Not a cache at all.
     fails_with(&["status", "--cache", s(&g.backing)], "is not a tiercache cache");
+}
+
+/// A checksum of a whole file (to show that a refused command left it unchanged).
+fn sha(path: &Path) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::fs::read(path).unwrap().hash(&mut h);
+    h.finish()
+}
+
+/// Issue 14's mistakes, played as a tired operator would: each is refused with one line
+/// naming what was found and the flag that overrides it, and the target's bytes are
+/// unchanged; the flags still work where they should.
+#[test]
+fn mistakes_that_would_destroy_data_are_refused_and_change_nothing() {
+    let f = files();
+    let dir = f.cache.parent().unwrap();
+    // An ext4 file system, an MBR partition table, a swap area.
+    let fs = dir.join("fs.img");
+    std::fs::File::create(&fs).unwrap().set_len(32 << 20).unwrap();
+    let mkfs = Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&fs).status().expect("mkfs.ext4 (e2fsprogs)");
+    assert!(mkfs.success());
+    let pt = dir.join("pt.img");
+    let mut mbr = vec![0u8; 1 << 20];
+    mbr[446 + 4] = 0x83; // a Linux partition
+    mbr[446 + 8..446 + 12].copy_from_slice(&2048u32.to_le_bytes());
+    mbr[446 + 12..446 + 16].copy_from_slice(&100_000u32.to_le_bytes());
+    mbr[510] = 0x55;
+    mbr[511] = 0xaa;
+    std::fs::write(&pt, &mbr).unwrap();
+    std::fs::File::options().write(true).open(&pt).unwrap().set_len(32 << 20).unwrap();
+    let swap = dir.join("swap.img");
+    std::fs::File::create(&swap).unwrap().set_len(16 << 20).unwrap();
+    assert!(Command::new("mkswap").arg("-q").arg(&swap).status().expect("mkswap (util-linux)").success());
+    let before = [sha(&fs), sha(&pt), sha(&swap), sha(&f.backing)];
+
+    for (target, what) in [(&fs, "an ext4 file system"), (&pt, "a dos partition table"), (&swap, "a Linux swap area")] {
+        fails_with(
+            &["create", "--cache", s(target), "--backing", s(&f.backing)],
+            &format!("holds {what}; formatting it as a cache destroys it; pass --force"),
+        );
+        fails_with(
+            &["bench", "fsync", "--target", s(target), "--seconds", "0.1"],
+            &format!("holds {what}, and the benchmark overwrites its first 4 KiB; pass --destructive"),
+        );
+    }
+    fails_with(
+        &["bench", "fsync", "--cache", s(&fs), "--backing", s(&pt), "--seconds", "0.1"],
+        "holds an ext4 file system, and the benchmark formats it as a cache; pass --destructive",
+    );
+    assert_eq!(before, [sha(&fs), sha(&pt), sha(&swap), sha(&f.backing)], "a refused command wrote");
+
+    // A tiercache cache as the backing device (swapped arguments); a backing device no
+    // larger than the cache; an absurd size: refused, and no cache file left behind.
+    create(&f);
+    let cache_before = sha(&f.cache);
+    let other = dir.join("other-cache.img");
+    fails_with(
+        &["create", "--cache", s(&other), "--cache-size", "16M", "--backing", s(&f.cache)],
+        "holds a tiercache cache (for backing",
+    );
+    fails_with(&["create", "--cache", s(&other), "--cache-size", "16M", "--backing", s(&f.cache)], "swapped");
+    fails_with(
+        &["create", "--cache", s(&other), "--cache-size", "64M", "--backing", s(&f.backing)],
+        "(64.0 MiB) is no larger than the cache (64.0 MiB): are --cache and --backing swapped? (pass --force",
+    );
+    fails_with(&["create", "--cache", s(&other), "--cache-size", "10P", "--backing", s(&f.backing)], "no larger");
+    fails_with(
+        &["create", "--cache", s(&other), "--cache-size", "10P", "--backing", s(&f.backing), "--force"],
+        "--cache-size 11258999068426240: sizing",
+    );
+    assert!(!other.exists(), "a refused create left a cache file behind");
+    assert_eq!(cache_before, sha(&f.cache), "a refused create wrote the cache used as backing");
+
+    // The backing path is stored absolute: `status` names it from any directory.
+    let st: serde_json::Value = serde_json::from_str(&ok(&["status", "--cache", s(&f.cache), "--json"])).unwrap();
+    assert!(st.to_string().contains(&format!("\"{}\"", s(&f.backing))), "{st}");
+
+    // A cache holding dirty data is never formatted by a benchmark, whatever the flag.
+    ok(&["debug-load", "--cache", s(&f.cache), "--backing", s(&f.backing), "--blocks", "64", "--writes", "100"]);
+    let dirty_before = sha(&f.cache);
+    for extra in [&[][..], &["--destructive"][..]] {
+        let mut args = vec!["bench", "fsync", "--cache", s(&f.cache), "--backing", s(&fs), "--seconds", "0.1"];
+        args.extend_from_slice(extra);
+        fails_with(&args, "dirty blocks found nowhere else");
+        let mut args = vec!["bench", "fsync", "--target", s(&f.cache), "--seconds", "0.1"];
+        args.extend_from_slice(extra);
+        fails_with(&args, "--destructive does not override this");
+    }
+    assert_eq!(dirty_before, sha(&f.cache), "a refused benchmark wrote a dirty cache");
+
+    // The flags still work where they should.
+    ok(&["bench", "fsync", "--target", s(&swap), "--seconds", "0.1", "--rounds", "1", "--destructive", "--json"]);
+    ok(&["create", "--cache", s(&fs), "--backing", s(&f.backing), "--force", "--json"]);
+    let st: serde_json::Value = serde_json::from_str(&ok(&["status", "--cache", s(&fs), "--json"])).unwrap();
+    assert_eq!(st["state"], "ok");
 }

@@ -41,6 +41,8 @@ pub struct FsyncArgs {
     targets: Vec<String>,
     /// With --backing: also measure a hybrid volume on these real files (the cache file is
     /// formatted, the backing file's first blocks are overwritten), and the raw cache file.
+    /// Files that hold anything (a file system, a partition table, a tiercache cache) need
+    /// --destructive; a tiercache cache holding dirty data is never formatted.
     #[arg(long, value_name = "PATH", requires = "backing")]
     cache: Option<PathBuf>,
     /// The backing file for --cache.
@@ -50,7 +52,9 @@ pub struct FsyncArgs {
     /// reported is the median round (robust to a machine whose speed drifts).
     #[arg(long, default_value_t = 5)]
     rounds: u32,
-    /// Allow PATH targets that are block devices (their first 4 KiB are overwritten).
+    /// Allow writing targets that are block devices or hold something (a file system, a
+    /// partition table, a tiercache cache without dirty data): their first blocks are
+    /// overwritten.
     #[arg(long)]
     destructive: bool,
     /// Print one JSON object instead of a table.
@@ -107,7 +111,9 @@ struct FsyncReport {
     results: Vec<FsyncResult>,
 }
 
-fn parse_target(s: &str, destructive: bool) -> Result<Target> {
+/// Parses a target; a PATH is checked for what it holds (`effect`: what the benchmark does
+/// to it) before anything is written anywhere.
+fn parse_target(s: &str, destructive: bool, effect: &str) -> Result<Target> {
     if let Some(name) = s.strip_prefix("emulated:") {
         return Ok(Target::Emulated(Profile::by_name(name)?));
     }
@@ -125,11 +131,12 @@ fn parse_target(s: &str, destructive: bool) -> Result<Target> {
     }
     let path = PathBuf::from(s);
     // Open once now to refuse bad input before anything is written anywhere.
-    drop(FileDevice::open_with(&path, OpenOptions { direct: false, lock: true })?);
+    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open_with(&path, OpenOptions { direct: false, lock: true })?);
     let meta = std::fs::metadata(&path).with_context(|| format!("{s}: stat"))?;
     if meta.file_type().is_block_device() && !destructive {
-        bail!("{s}: is a block device and the benchmark overwrites its first 4 KiB; pass --destructive to allow it");
+        bail!("{s}: is a block device and {effect}; pass --destructive to allow it");
     }
+    crate::safety::check_benchmark_target(dev, &path, effect, destructive)?;
     Ok(Target::Path(path))
 }
 
@@ -168,10 +175,17 @@ fn device_runner(dev: Arc<dyn BlockDevice>, name: String, io_mode: &'static str)
     }
 }
 
-/// Formats a fresh hybrid volume on `cache` and `backing`; the volume and its background
-/// thread live as long as the runner.
-fn hybrid_runner(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>, name: String) -> Result<Runner> {
-    create(&*cache, &*backing, &CreateOptions::default()).with_context(|| format!("{name}: formatting"))?;
+/// Formats a fresh hybrid volume on `cache` and `backing` (recorded as `backing_path`, so
+/// that the cache left behind names it); the volume and its background thread live as long
+/// as the runner.
+fn hybrid_runner(
+    cache: Arc<dyn BlockDevice>,
+    backing: Arc<dyn BlockDevice>,
+    backing_path: String,
+    name: String,
+) -> Result<Runner> {
+    let options = CreateOptions { backing_path, ..CreateOptions::default() };
+    create(&*cache, &*backing, &options).with_context(|| format!("{name}: formatting"))?;
     let (volume, _) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
     let volume = Arc::new(volume);
     let background = Arc::new(Background::start(&volume));
@@ -210,11 +224,13 @@ pub fn run(args: FsyncArgs) -> Result<()> {
     } else {
         args.targets.clone()
     };
-    let targets = specs.iter().map(|s| parse_target(s, args.destructive)).collect::<Result<Vec<_>>>()?;
+    let targets = specs
+        .iter()
+        .map(|s| parse_target(s, args.destructive, "the benchmark overwrites its first 4 KiB"))
+        .collect::<Result<Vec<_>>>()?;
     if let (Some(cache), Some(backing)) = (&args.cache, &args.backing) {
-        for p in [cache, backing] {
-            parse_target(&p.display().to_string(), args.destructive)?;
-        }
+        parse_target(&cache.display().to_string(), args.destructive, "the benchmark formats it as a cache")?;
+        parse_target(&backing.display().to_string(), args.destructive, "the benchmark overwrites its first blocks")?;
     }
     let mut keep: Vec<tempfile::NamedTempFile> = Vec::new();
     let mut cleanup: Vec<RemoveOnDrop> = Vec::new();
@@ -236,7 +252,7 @@ pub fn run(args: FsyncArgs) -> Result<()> {
                 let c: Arc<dyn BlockDevice> = Arc::new(EmulatedDevice::open(cache_file.path(), cache)?);
                 let b: Arc<dyn BlockDevice> = Arc::new(EmulatedDevice::open(backing_file.path(), backing)?);
                 keep.extend([cache_file, backing_file]);
-                let mut r = hybrid_runner(c, b, format!("hybrid:{}:{}", cache.name, backing.name))?;
+                let mut r = hybrid_runner(c, b, String::new(), format!("hybrid:{}:{}", cache.name, backing.name))?;
                 r.compare_with = Some((format!("emulated:{}", cache.name), "emulated"));
                 runners.push(r);
             }
@@ -256,7 +272,8 @@ pub fn run(args: FsyncArgs) -> Result<()> {
         }
         let c: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(cache)?);
         let b: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(backing)?);
-        let mut r = hybrid_runner(c, b, format!("hybrid ({} over {})", cache.display(), backing.display()))?;
+        let recorded = std::path::absolute(backing).unwrap_or_else(|_| backing.clone()).display().to_string();
+        let mut r = hybrid_runner(c, b, recorded, format!("hybrid ({} over {})", cache.display(), backing.display()))?;
         r.compare_with = Some((raw.display().to_string(), "o_direct"));
         runners.push(r);
     }
