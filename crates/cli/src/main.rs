@@ -27,8 +27,19 @@ Start here:
 A DEVICE is a file or block device path, or emulated:PROFILE:PATH for a file with the timing
 of optane, nvme, sata-raid5, hdd or usb-disk. `tiercache <COMMAND> --help` has examples.")]
 struct Cli {
+    /// How log lines on stderr look: text (coloured only on a terminal, and never with
+    /// NO_COLOR set) or json (one object per line, for log collectors). TIERCACHE_LOG sets
+    /// the level (e.g. TIERCACHE_LOG=debug).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -58,16 +69,22 @@ fn main() -> ExitCode {
     // The simulator injects device failures on purpose: their error logs are noise there.
     let default_filter = match cli.command {
         Command::Torture(_) => "off",
-        Command::Serve(_) => "info",
+        // fuser warns when its own unmount finds the mount gone, which is what a clean stop
+        // does (serve unmounts first, to see whether the file is still in use).
+        Command::Serve(_) => "info,fuser::mnt=error",
         _ => "warn",
     };
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_env("TIERCACHE_LOG")
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter)),
-        )
-        .with_writer(std::io::stderr)
-        .init();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TIERCACHE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => {
+            use std::io::IsTerminal;
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty());
+            logs.with_ansi(colour).init()
+        }
+    }
     let result = match cli.command {
         Command::Create(a) => volume_cmds::create_cmd(a),
         Command::Status(a) => volume_cmds::status_cmd(a),

@@ -35,7 +35,8 @@ impl Stack {
         let child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
             .args(["serve", "--cache", s(&self.path("cache.img")), "--backing", s(&self.path("backing.img"))])
             .args(["--fuse", s(&self.path("fuse"))])
-            .stderr(std::process::Stdio::null())
+            // Logs go to a file, as under a service manager (checked at the clean stop).
+            .stderr(std::fs::File::create(self.path("serve.log")).unwrap())
             .spawn()
             .unwrap();
         self.server = Some(child);
@@ -167,4 +168,9 @@ fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server() {
     assert!(c.wait().unwrap().success());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
     assert!(!mounts.contains(s(&st.path("fuse"))), "FUSE still mounted after SIGTERM");
+    // Logs written to a file: no terminal escape codes, and a clean stop warns of nothing.
+    let log = std::fs::read_to_string(st.path("serve.log")).unwrap();
+    assert!(log.contains("stopped cleanly"), "{log}");
+    assert!(!log.contains('\x1b'), "escape codes in a log file: {log:?}");
+    assert!(!log.contains("WARN") && !log.contains("ERROR"), "a clean stop logged a warning: {log}");
 }

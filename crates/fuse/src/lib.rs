@@ -13,7 +13,7 @@
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
     OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs, ReplyWrite,
-    Request, WriteFlags,
+    ReplyXattr, Request, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::sync::Arc;
@@ -163,6 +163,17 @@ impl Filesystem for VolumeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
         Ok(())
+    }
+
+    // No extended attributes. ENOSYS (what fuser's defaults answer too, with a warning per
+    // call) makes the kernel stop asking for the rest of the mount: the security.capability
+    // lookup it would otherwise make before writes costs nothing after the first.
+    fn getxattr(&self, _req: &Request, _ino: INodeNo, _name: &OsStr, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
+    }
+
+    fn listxattr(&self, _req: &Request, _ino: INodeNo, _size: u32, reply: ReplyXattr) {
+        reply.error(Errno::ENOSYS);
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
