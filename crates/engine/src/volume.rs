@@ -946,7 +946,9 @@ impl Volume {
             let _destage = self.destage.lock().expect("destage lock");
             let on_backing = self.backing_holds(p.block, p.entry.crc, out);
             let mut st = self.lock();
-            if st.index.get(p.block).is_some_and(|c| self.position_of(&st, &c) == p.position) {
+            // (Still dirty: the batch waited for may have written this very version back;
+            // then the bad copy is a clean one, evicted below.)
+            if st.index.get(p.block).is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position) {
                 if on_backing {
                     self.repaired_from_backing(&mut st, p.block, p.position);
                 } else {
@@ -1330,11 +1332,13 @@ impl Volume {
             let _destage = bad_dirty.then(|| self.destage.lock().expect("destage lock"));
             let on_backing = bad_dirty && self.backing_holds(block, entry.crc, out);
             let mut st = self.lock();
-            let current = st.index.get(block).map(|c| self.position_of(&st, &c));
+            let current = st.index.get(block).map(|c| (self.position_of(&st, &c), c.dirty));
             let newer_in_ram =
                 st.staging.map.contains_key(&block) || st.inflight.as_ref().is_some_and(|f| f.map.contains_key(&block));
-            if current != Some(position) || newer_in_ram {
-                continue; // moved, or rewritten meanwhile: look again
+            if current != Some((position, entry.dirty)) || newer_in_ram {
+                // Moved, rewritten, or written back (now clean, by the batch waited for)
+                // meanwhile: look again.
+                continue;
             }
             if let Err(e) = read {
                 // An I/O error is reported as such; the block is not declared lost for it.
