@@ -458,8 +458,10 @@ postgres_stop() {
     (cd / && pg_as "$PGBIN/pg_ctl" -D "$MNT/pg" -m fast -w -t "$DB_TIMEOUT" stop) >/dev/null && wait_gone "$DB_PID" "$DB_TIMEOUT"
 }
 postgres_log() { echo "$D/pg.log"; }
-postgres_errors() { # our own readiness probes while it recovers are FATAL lines too: not errors
-    grep -E '(ERROR|FATAL|PANIC):' | grep -vc -e 'the database system is starting up' -e 'not yet accepting connections' || true
+postgres_errors() { # our own readiness probes while it recovers are FATAL lines too: not errors;
+    # nor is a client that went away mid-reply (a probe that timed out): "connection to client lost"
+    grep -E '(ERROR|FATAL|PANIC):' | grep -vc -e 'the database system is starting up' -e 'not yet accepting connections' \
+        -e 'connection to client lost' || true
 }
 postgres_sock() { echo "$D/pgsock"; }
 
