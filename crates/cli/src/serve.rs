@@ -78,21 +78,37 @@ fn bind_unix(path: &Path) -> Result<UnixListener> {
     UnixListener::bind(path).with_context(|| format!("listening on {}", path.display()))
 }
 
-fn parse_endpoint(e: &str) -> Result<tiercache_nbd::Listener> {
+/// Binds an NBD endpoint; returns the listener and the endpoint as bound (tcp:0 becomes the
+/// port the kernel chose, so that it can be told).
+fn parse_endpoint(e: &str) -> Result<(tiercache_nbd::Listener, String)> {
     if let Some(path) = e.strip_prefix("unix:") {
-        return Ok(tiercache_nbd::Listener::Unix(bind_unix(Path::new(path))?));
+        return Ok((tiercache_nbd::Listener::Unix(bind_unix(Path::new(path))?), e.to_string()));
     }
     if let Some(rest) = e.strip_prefix("tcp:") {
         // tcp:PORT listens on loopback; tcp:HOST:PORT (or tcp:[v6]:PORT) where told.
         let addr = if rest.contains(':') { rest.to_string() } else { format!("127.0.0.1:{rest}") };
         let l = std::net::TcpListener::bind(&addr).with_context(|| format!("listening on {addr}"))?;
-        return Ok(tiercache_nbd::Listener::Tcp(l));
+        let bound = l.local_addr().map_or_else(|_| e.to_string(), |a| format!("tcp:{a}"));
+        return Ok((tiercache_nbd::Listener::Tcp(l), bound));
     }
     bail!("'{e}': an NBD endpoint is unix:SOCKET, tcp:PORT or tcp:HOST:PORT")
 }
 
+/// A FUSE mount directory must exist and be empty: mounting over files hides them.
+fn check_mount_dir(dir: &Path) -> Result<()> {
+    if !dir.is_dir() {
+        bail!("--fuse {}: not a directory", dir.display());
+    }
+    let mut entries = std::fs::read_dir(dir).with_context(|| format!("--fuse {}", dir.display()))?;
+    if entries.next().is_some() {
+        bail!("--fuse {}: not empty (mounting there would hide its files); give an empty directory", dir.display());
+    }
+    Ok(())
+}
+
 /// Serves a plain device through FUSE until SIGTERM (no cache, no control socket).
 fn passthrough_cmd(spec: &str, dir: &Path) -> Result<()> {
+    check_mount_dir(dir)?;
     let dev = DeviceSpec::parse(spec)?.open("passthrough")?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
@@ -117,13 +133,12 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         bail!("nothing to serve: give --nbd ENDPOINT and/or --fuse MOUNTDIR");
     }
     if let Some(dir) = &args.fuse {
-        if !dir.is_dir() {
-            bail!("--fuse {}: not a directory", dir.display());
-        }
+        check_mount_dir(dir)?;
     }
     let cache = DeviceSpec::parse(&cache_spec)?.open("cache")?;
     let backing = DeviceSpec::parse(&backing_spec)?.open("backing")?;
-    let listeners = args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?;
+    let (listeners, bound): (Vec<_>, Vec<_>) =
+        args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
     let (volume, report) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
     tracing::info!(
         replayed_records = report.replayed_records,
@@ -144,7 +159,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let config = tiercache_nbd::Config { export_name: args.export_name.clone(), ..Default::default() };
     let mut threads = Vec::new();
     let nbd_stop = Arc::new(AtomicBool::new(false));
-    for (endpoint, listener) in args.nbd.iter().zip(listeners) {
+    for (endpoint, listener) in bound.iter().zip(listeners) {
         let (backend, config, stop) =
             (Arc::clone(&volume) as Arc<dyn tiercache_nbd::Backend>, config.clone(), Arc::clone(&nbd_stop));
         tracing::info!(%endpoint, export = %config.export_name, "serving NBD");
@@ -157,7 +172,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         ),
         None => None,
     };
-    let mut endpoints = args.nbd.clone();
+    let mut endpoints = bound.clone();
     if let Some(dir) = &args.fuse {
         endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
     }

@@ -305,3 +305,50 @@ fn mistakes_that_would_destroy_data_are_refused_and_change_nothing() {
     let st: serde_json::Value = serde_json::from_str(&ok(&["status", "--cache", s(&fs), "--json"])).unwrap();
     assert_eq!(st["state"], "ok");
 }
+
+/// `--fuse` over a directory with files in it is refused (it would hide them), and
+/// `--nbd tcp:0` says which port it got.
+#[test]
+fn serve_refuses_a_non_empty_mount_directory_and_names_the_port_it_got() {
+    use std::io::BufRead;
+    let f = files();
+    create(&f);
+    let dir = f.cache.parent().unwrap().join("mnt");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("precious.txt"), b"keep me").unwrap();
+    let before = sha(&f.cache);
+    fails_with(
+        &["serve", "--cache", s(&f.cache), "--backing", s(&f.backing), "--fuse", s(&dir)],
+        "not empty (mounting there would hide its files)",
+    );
+    assert_eq!(before, sha(&f.cache), "a refused serve touched the cache");
+
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args(["serve", "--cache", s(&f.cache), "--backing", s(&f.backing), "--nbd", "tcp:0"])
+        .args(["--control", s(&f.cache.with_extension("sock"))])
+        .env("TIERCACHE_LOG", "warn")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Drained to the end in a thread: the server writes more on its way out.
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    let drain = std::thread::spawn(move || {
+        for l in stderr.lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let line = rx.iter().find(|l| l.contains("serving")).expect("a serving line");
+    let port: u16 = line
+        .split("tcp:127.0.0.1:")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {line:?}"));
+    assert_ne!(port, 0, "{line}");
+    std::net::TcpStream::connect(("127.0.0.1", port)).expect("the port it named accepts connections");
+    // SAFETY: kill(2) on a child we own.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    drain.join().unwrap();
+}
