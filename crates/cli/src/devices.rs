@@ -35,7 +35,7 @@ impl DeviceSpec {
                 Err(DeviceError::DirectIoUnsupported { .. }) => {
                     tracing::warn!(path = %self.path.display(), "no O_DIRECT on this file system; using buffered I/O");
                     Arc::new(
-                        FileDevice::open_with(&self.path, OpenOptions { direct: false, lock: true })
+                        FileDevice::open_with(&self.path, OpenOptions { direct: false, lock: true, read_only: false })
                             .with_context(|| format!("{role} device"))?,
                     )
                 }
@@ -43,6 +43,20 @@ impl DeviceSpec {
             },
         };
         Ok(dev)
+    }
+
+    /// Opens the device for reading only (commands that only look at it): a read-only copy,
+    /// file system or device works. An emulated device is opened as `open` does.
+    pub fn open_read_only(&self, role: &str) -> Result<Arc<dyn BlockDevice>> {
+        if self.profile.is_some() {
+            return self.open(role);
+        }
+        let ro = |direct| OpenOptions { direct, lock: true, read_only: true };
+        let dev = match FileDevice::open_with(&self.path, ro(true)) {
+            Err(DeviceError::DirectIoUnsupported { .. }) => FileDevice::open_with(&self.path, ro(false)),
+            r => r,
+        };
+        Ok(Arc::new(dev.with_context(|| format!("{role} device"))?))
     }
 
     pub fn path(&self) -> &Path {

@@ -219,14 +219,14 @@ pub struct StatusArgs {
 
 pub fn status_cmd(args: StatusArgs) -> Result<()> {
     let spec = DeviceSpec::parse(&args.cache)?;
-    let s: tiercache_engine::Status = match spec.open("cache") {
+    let s: tiercache_engine::Status = match spec.open_read_only("cache") {
         Ok(cache) => Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?.status(),
         Err(e) if is_locked(&e) => {
             // A server holds the device: ask it (the superblock, read without the lock,
             // names its control socket).
             let dev = tiercache_device::FileDevice::open_with(
                 spec.path(),
-                tiercache_device::OpenOptions { direct: false, lock: false },
+                tiercache_device::OpenOptions { direct: false, lock: false, read_only: false },
             )?;
             let sb = read_superblock(&dev)?;
             let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();

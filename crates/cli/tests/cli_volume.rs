@@ -352,3 +352,22 @@ fn serve_refuses_a_non_empty_mount_directory_and_names_the_port_it_got() {
     assert!(child.wait().unwrap().success());
     drain.join().unwrap();
 }
+
+/// `status` only looks: it works on a read-only copy of a cache and changes nothing.
+#[test]
+fn status_reads_a_read_only_copy_of_a_cache() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = files();
+    create(&f);
+    ok(&["debug-load", "--cache", s(&f.cache), "--backing", s(&f.backing), "--blocks", "64", "--writes", "100"]);
+    let copy = f.cache.with_file_name("copy.img");
+    std::fs::copy(&f.cache, &copy).unwrap();
+    std::fs::set_permissions(&copy, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let before = sha(&copy);
+    let st: serde_json::Value = serde_json::from_str(&ok(&["status", "--cache", s(&copy), "--json"])).unwrap();
+    assert_eq!(st["state"], "ok");
+    assert!(st["dirty_blocks"].as_u64().unwrap() > 0, "{st}");
+    assert_eq!(before, sha(&copy), "status changed a read-only copy");
+    // Writing commands still refuse it, by name.
+    fails_with(&["flush", "--cache", s(&copy), "--backing", s(&f.backing)], "no write permission");
+}

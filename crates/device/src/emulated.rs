@@ -220,7 +220,7 @@ impl EmulatedDevice<FileDevice> {
     /// Opens an existing file (buffered: the model, not the host's disk, sets the pace) and
     /// emulates `profile` on it.
     pub fn open(path: impl AsRef<Path>, profile: &'static Profile) -> Result<Self> {
-        let inner = FileDevice::open_with(path, OpenOptions { direct: false, lock: true })?;
+        let inner = FileDevice::open_with(path, OpenOptions { direct: false, lock: true, read_only: false })?;
         Ok(Self::new(inner, profile))
     }
 }

@@ -32,11 +32,14 @@ pub struct OpenOptions {
     pub direct: bool,
     /// Take an exclusive `flock` so nobody else drives the device at the same time.
     pub lock: bool,
+    /// Open for reading only (commands that only look: a read-only copy, a read-only file
+    /// system or a write-protected device is fine then). Writes fail.
+    pub read_only: bool,
 }
 
 impl Default for OpenOptions {
     fn default() -> Self {
-        OpenOptions { direct: true, lock: true }
+        OpenOptions { direct: true, lock: true, read_only: false }
     }
 }
 
@@ -75,14 +78,14 @@ impl FileDevice {
         // Root bypasses permission bits, so an explicit read-only mode is checked here: a
         // file marked read-only is a user's statement that it must not change.
         let mode = meta.permissions().mode();
-        if mode & 0o222 == 0 {
+        if mode & 0o222 == 0 && !options.read_only {
             return Err(DeviceError::ReadOnly {
                 path,
                 reason: format!("mode {:04o} has no write permission", mode & 0o7777),
             });
         }
         let mut open = std::fs::OpenOptions::new();
-        open.read(true).write(true);
+        open.read(true).write(!options.read_only);
         let mut flags = libc::O_CLOEXEC;
         if options.direct {
             flags |= libc::O_DIRECT;
@@ -343,7 +346,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = sized_file(&dir, "dev", 1 << 20);
         for direct in [true, false] {
-            let dev = match FileDevice::open_with(&p, OpenOptions { direct, lock: true }) {
+            let dev = match FileDevice::open_with(&p, OpenOptions { direct, lock: true, read_only: false }) {
                 Err(DeviceError::DirectIoUnsupported { .. }) => continue, // tmpfs TMPDIR
                 r => r.unwrap(),
             };
@@ -368,7 +371,7 @@ mod tests {
     fn bad_requests_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         let p = sized_file(&dir, "dev", 1 << 16);
-        let dev = FileDevice::open_with(&p, OpenOptions { direct: false, lock: true }).unwrap();
+        let dev = FileDevice::open_with(&p, OpenOptions { direct: false, lock: true, read_only: false }).unwrap();
         let buf = AlignedBuf::new(4096);
         assert!(matches!(dev.write_at(100, &buf), Err(DeviceError::Misaligned { .. })));
         assert!(matches!(dev.write_at(1 << 16, &buf), Err(DeviceError::OutOfRange { .. })));
@@ -383,14 +386,14 @@ mod tests {
         assert!(matches!(FileDevice::open(&missing), Err(DeviceError::NotFound { .. })));
         assert!(matches!(FileDevice::open(dir.path()), Err(DeviceError::IsDirectory { .. })));
         let odd = sized_file(&dir, "odd", 4096 + 100);
-        let e = FileDevice::open_with(&odd, OpenOptions { direct: false, lock: true }).unwrap_err();
+        let e = FileDevice::open_with(&odd, OpenOptions { direct: false, lock: true, read_only: false }).unwrap_err();
         assert!(matches!(e, DeviceError::MisalignedSize { size_bytes: 4196, .. }), "{e}");
         let empty = sized_file(&dir, "empty", 0);
-        let e = FileDevice::open_with(&empty, OpenOptions { direct: false, lock: true }).unwrap_err();
+        let e = FileDevice::open_with(&empty, OpenOptions { direct: false, lock: true, read_only: false }).unwrap_err();
         assert!(matches!(e, DeviceError::Empty { .. }), "{e}");
         let ro = sized_file(&dir, "ro", 4096);
         std::fs::set_permissions(&ro, std::fs::Permissions::from_mode(0o444)).unwrap();
-        let e = FileDevice::open_with(&ro, OpenOptions { direct: false, lock: true }).unwrap_err();
+        let e = FileDevice::open_with(&ro, OpenOptions { direct: false, lock: true, read_only: false }).unwrap_err();
         assert!(matches!(e, DeviceError::ReadOnly { .. }), "{e}");
         assert!(e.to_string().contains("0444"), "{e}");
         assert!(matches!(FileDevice::open("/dev/null"), Err(DeviceError::NotFileOrBlockDevice { .. })));
@@ -400,7 +403,7 @@ mod tests {
     fn a_device_cannot_be_opened_twice() {
         let dir = tempfile::tempdir().unwrap();
         let p = sized_file(&dir, "dev", 1 << 16);
-        let opts = OpenOptions { direct: false, lock: true };
+        let opts = OpenOptions { direct: false, lock: true, read_only: false };
         let first = FileDevice::open_with(&p, opts).unwrap();
         let e = FileDevice::open_with(&p, opts).unwrap_err();
         assert!(matches!(e, DeviceError::AlreadyOpen { .. }), "{e}");

@@ -150,7 +150,7 @@ impl FileVolume {
     }
 
     fn devices(&self) -> (Arc<dyn BlockDevice>, Arc<dyn BlockDevice>) {
-        let o = OpenOptions { direct: false, lock: true };
+        let o = OpenOptions { direct: false, lock: true, read_only: false };
         (
             Arc::new(FileDevice::open_with(&self.cache_path, o).unwrap()),
             Arc::new(FileDevice::open_with(&self.backing_path, o).unwrap()),

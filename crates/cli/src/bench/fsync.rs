@@ -131,7 +131,8 @@ fn parse_target(s: &str, destructive: bool, effect: &str) -> Result<Target> {
     }
     let path = PathBuf::from(s);
     // Open once now to refuse bad input before anything is written anywhere.
-    let dev: Arc<dyn BlockDevice> = Arc::new(FileDevice::open_with(&path, OpenOptions { direct: false, lock: true })?);
+    let dev: Arc<dyn BlockDevice> =
+        Arc::new(FileDevice::open_with(&path, OpenOptions { direct: false, lock: true, read_only: false })?);
     let meta = std::fs::metadata(&path).with_context(|| format!("{s}: stat"))?;
     if meta.file_type().is_block_device() && !destructive {
         bail!("{s}: is a block device and {effect}; pass --destructive to allow it");
@@ -206,7 +207,7 @@ fn hybrid_runner(
 fn path_runners(path: &Path) -> Result<Vec<Runner>> {
     let mut runners = Vec::new();
     for (direct, mode) in [(true, "o_direct"), (false, "buffered")] {
-        let dev = match FileDevice::open_with(path, OpenOptions { direct, lock: false }) {
+        let dev = match FileDevice::open_with(path, OpenOptions { direct, lock: false, read_only: false }) {
             Err(e @ DeviceError::DirectIoUnsupported { .. }) => {
                 eprintln!("tiercache: skipping the O_DIRECT run: {e}");
                 continue;
