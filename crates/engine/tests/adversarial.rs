@@ -183,6 +183,15 @@ fn corrupt_cached_block(cache: &SimDevice, volume: &Volume, block: u64) {
     cache.flush().unwrap();
 }
 
+/// Runs `f` on the volume in a thread of its own (a client or the destager).
+fn on_thread<T: Send + 'static>(
+    volume: &Arc<Volume>,
+    f: impl FnOnce(&Volume) -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let volume = Arc::clone(volume);
+    std::thread::spawn(move || f(&volume))
+}
+
 fn write(v: &Volume, block: u64, version: u64) {
     v.write(block * BS as u64, &stamp(block, version)).unwrap();
 }
@@ -357,10 +366,7 @@ fn losses_declared_during_reclaims_checkpoint_do_not_panic_the_writer() {
     // Flush 0: reclaim's checkpoint makes the log durable; flush 1 (after the checkpoint
     // write) is held.
     hook.hold_flush(1);
-    let writer = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.flush())
-    };
+    let writer = on_thread(&volume, move |v| v.flush());
     hook.wait_until_held();
     for b in FIRST_LOST + N..FIRST_LOST + N + M {
         assert!(is_lost(&read_version(&volume, b), b));
@@ -425,10 +431,7 @@ fn a_lost_fingerprint_block_with_a_torn_write_back_does_not_lock_the_volume_out(
     write(&volume, 0, 1);
     volume.flush().unwrap();
     gated.hold_flush(0); // the backing flush after block 0's write
-    let destager = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.destage_step(64))
-    };
+    let destager = on_thread(&volume, move |v| v.destage_step(64));
     gated.wait_until_held();
     // Power cut now: the backing write of block 0 is torn (half its sectors landed).
     let cache2 = durable_copy(&cache);
@@ -468,10 +471,7 @@ fn fingerprint_write_back_survives_a_crash_at_every_flush() {
             write(&volume, fp_block, 2);
             volume.flush().unwrap();
             gated.hold_flush(hold);
-            let destager = {
-                let volume = Arc::clone(&volume);
-                std::thread::spawn(move || volume.destage_step(64))
-            };
+            let destager = on_thread(&volume, move |v| v.destage_step(64));
             if hold == 0 {
                 gated.wait_until_held();
             }
@@ -514,18 +514,12 @@ fn a_block_written_back_while_its_cache_copy_rots_is_not_reported_lost() {
     write(&volume, B, 1);
     volume.flush().unwrap();
     gated.hold_flush(0);
-    let destager = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.destage_step(64))
-    };
+    let destager = on_thread(&volume, move |v| v.destage_step(64));
     gated.wait_until_held();
     corrupt_cached_block(&cache, &volume, B);
     // The backing write completed (its flush is held). A read of the rotted copy checks the
     // backing device only once no write-back batch is running, so it waits for this one.
-    let reader = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || read_version(&volume, B))
-    };
+    let reader = on_thread(&volume, move |v| read_version(v, B));
     gated.open_gate();
     destager.join().unwrap().unwrap();
     let during = reader.join().unwrap();
@@ -552,19 +546,13 @@ fn a_repair_from_the_backing_device_waits_for_an_older_write_back_in_flight() {
     volume.flush().unwrap();
     // The batch takes version 1 and stops at the cache flush before its backing write.
     gated.hold_flush(0);
-    let destager = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.destage_step(64))
-    };
+    let destager = on_thread(&volume, move |v| v.destage_step(64));
     gated.wait_until_held();
     // Version 0 again (the backing device's content), flushed; then its only copy rots.
     write(&volume, B, 0);
     volume.flush().unwrap();
     corrupt_cached_block(&cache, &volume, B);
-    let reader = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || read_version(&volume, B))
-    };
+    let reader = on_thread(&volume, move |v| read_version(v, B));
     // Give an unfixed engine time to answer from the backing device before the batch resumes.
     std::thread::sleep(std::time::Duration::from_millis(200));
     gated.open_gate();
@@ -592,16 +580,10 @@ fn a_copy_written_back_while_its_reader_waited_is_not_declared_lost() {
     write(&volume, B, 1);
     volume.flush().unwrap();
     gated.hold_flush(0);
-    let destager = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.destage_step(64))
-    };
+    let destager = on_thread(&volume, move |v| v.destage_step(64));
     gated.wait_until_held();
     corrupt_cached_block(&cache, &volume, B);
-    let reader = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || read_version(&volume, B))
-    };
+    let reader = on_thread(&volume, move |v| read_version(v, B));
     std::thread::sleep(std::time::Duration::from_millis(200));
     // The next backing read (the reader's check, once the batch is done) fails once.
     backing.fail_after(Some(tiercache_device::OpKind::Read), 0, tiercache_device::FailMode::Once);
@@ -626,10 +608,7 @@ fn a_write_back_that_finishes_during_the_backing_check_is_not_missed() {
     write(&volume, B, 1);
     volume.flush().unwrap();
     gated_cache.hold_flush(0); // the batch stops before its backing write, holding version 1
-    let destager = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.destage_step(64))
-    };
+    let destager = on_thread(&volume, move |v| v.destage_step(64));
     gated_cache.wait_until_held();
     write(&volume, B, 0);
     volume.flush().unwrap();
@@ -637,10 +616,7 @@ fn a_write_back_that_finishes_during_the_backing_check_is_not_missed() {
     // The next backing flush: the reader's, if it checks at once (an unfixed engine), or the
     // batch's, if the reader waits for the batch (the fixed one).
     gated_backing.hold_flush(0);
-    let reader = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || read_version(&volume, B))
-    };
+    let reader = on_thread(&volume, move |v| read_version(v, B));
     std::thread::sleep(std::time::Duration::from_millis(200));
     gated_cache.open_gate();
     std::thread::sleep(std::time::Duration::from_millis(200));
@@ -667,24 +643,18 @@ fn reclaim_does_not_forget_a_rotted_copy_while_an_older_write_back_is_in_flight(
     write(&volume, B, 1);
     volume.flush().unwrap();
     gated.hold_flush(0);
-    let destager = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.destage_step(64))
-    };
+    let destager = on_thread(&volume, move |v| v.destage_step(64));
     gated.wait_until_held();
     write(&volume, B, 0);
     volume.flush().unwrap();
     corrupt_cached_block(&cache, &volume, B);
     // Rewrites of another block lap the log twice: reclaim passes B's rotted copy.
-    let writer = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || {
-            for v in 1..=64 {
-                write(&volume, C, v);
-                volume.flush().unwrap();
-            }
-        })
-    };
+    let writer = on_thread(&volume, |volume| {
+        for v in 1..=64 {
+            write(volume, C, v);
+            volume.flush().unwrap();
+        }
+    });
     std::thread::sleep(std::time::Duration::from_millis(200));
     gated.open_gate();
     destager.join().unwrap().unwrap();
@@ -706,24 +676,18 @@ fn reclaim_does_not_miss_a_write_back_that_finishes_during_its_backing_check() {
     write(&volume, B, 1);
     volume.flush().unwrap();
     gated_cache.hold_flush(0);
-    let destager = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.destage_step(64))
-    };
+    let destager = on_thread(&volume, move |v| v.destage_step(64));
     gated_cache.wait_until_held();
     write(&volume, B, 0);
     volume.flush().unwrap();
     corrupt_cached_block(&cache, &volume, B);
     gated_backing.hold_flush(0);
-    let writer = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || {
-            for v in 1..=64 {
-                write(&volume, C, v);
-                volume.flush().unwrap();
-            }
-        })
-    };
+    let writer = on_thread(&volume, |volume| {
+        for v in 1..=64 {
+            write(volume, C, v);
+            volume.flush().unwrap();
+        }
+    });
     std::thread::sleep(std::time::Duration::from_millis(200));
     gated_cache.open_gate();
     std::thread::sleep(std::time::Duration::from_millis(200));
@@ -1120,10 +1084,7 @@ fn a_write_back_racing_reclaims_copy_forward_marks_nothing_it_did_not_write() {
     write(&volume, B, 1);
     volume.flush().unwrap();
     gated.hold_flush(0);
-    let destager = {
-        let volume = Arc::clone(&volume);
-        std::thread::spawn(move || volume.destage_step(64))
-    };
+    let destager = on_thread(&volume, move |v| v.destage_step(64));
     gated.wait_until_held();
     // Laps: B (dirty, not rewritten) is copied forward by reclaim each time the head nears it.
     for i in 0..200u64 {
