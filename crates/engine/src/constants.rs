@@ -19,9 +19,18 @@ pub const DEFAULT_DIRTY_HIGH_PERMILLE: u16 = 700;
 /// Blocks the background destager writes back per batch (sorted and merged).
 pub const DESTAGE_BATCH_BLOCKS: usize = 4096;
 
-/// The background pre-cleaner writes back dirty blocks this many segments ahead of the
-/// log head, so reclaim finds them clean.
+/// The background pre-cleaner writes back dirty blocks at least this many segments ahead of
+/// the log head, so reclaim finds them clean; reclaim's own write-back (when the pre-cleaner
+/// is behind) takes this many segments beyond its window in the same batch.
 pub const PRECLEAN_SEGMENTS: u64 = 4;
+
+/// Beyond that floor, the pre-cleaner's horizon is what the writers wrote in this long: write
+/// back starts as far ahead of them as their own pace (at most a quarter of the log).
+pub const PRECLEAN_HORIZON_MS: u64 = 1000;
+
+/// Write-back batches the pre-cleaner may run in one background round while free space is
+/// short of its horizon (it catches up with a fast writer without waiting a period each).
+pub const PRECLEAN_BATCHES_PER_TICK: usize = 4;
 
 /// Read requests larger than this bypass admission (sequential scans do not flush the cache).
 pub const ADMIT_MAX_REQUEST_BYTES: u64 = 256 * 1024;

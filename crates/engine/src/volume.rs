@@ -535,6 +535,40 @@ impl Volume {
         Ok(())
     }
 
+    /// Reads the blocks in log slots `slots` into `out` (block `k` from `slots[k]`), with one
+    /// I/O per run of consecutive slots, in slot order whatever order `slots` is in: write-back
+    /// batches and copy-forward read whole stretches of the log, not 4 KiB at a time.
+    fn read_slots(&self, slots: &[u32], out: &mut [u8]) -> std::result::Result<(), tiercache_device::DeviceError> {
+        let bs = self.bs;
+        let mut order: Vec<usize> = (0..slots.len()).collect();
+        order.sort_unstable_by_key(|&k| slots[k]);
+        let mut scratch: Option<AlignedBuf> = None;
+        let mut i = 0;
+        while i < order.len() {
+            let start = i;
+            i += 1;
+            while i < order.len() && slots[order[i]] == slots[order[start]] + (i - start) as u32 {
+                i += 1;
+            }
+            let run = &order[start..i];
+            let offset = self.layout.log_offset(u64::from(slots[run[0]]));
+            if run.windows(2).all(|w| w[1] == w[0] + 1) {
+                // Laid out in `out` as on the device: read in place.
+                self.cache.read_at(offset, &mut out[run[0] * bs..(run[0] + run.len()) * bs])?;
+                continue;
+            }
+            if scratch.as_ref().is_none_or(|b| b.len() < run.len() * bs) {
+                scratch = Some(AlignedBuf::new(run.len() * bs));
+            }
+            let scratch = scratch.as_mut().expect("allocated above");
+            self.cache.read_at(offset, &mut scratch[..run.len() * bs])?;
+            for (j, &k) in run.iter().enumerate() {
+                out[k * bs..(k + 1) * bs].copy_from_slice(&scratch[j * bs..(j + 1) * bs]);
+            }
+        }
+        Ok(())
+    }
+
     /// Reads whole blocks at a logical log position, splitting at the physical end.
     pub(crate) fn read_log(&self, pos: u64, buf: &mut [u8]) -> Result<()> {
         read_log(&*self.cache, &self.layout, pos, buf)
@@ -905,24 +939,46 @@ impl Volume {
         // Every slot in [head, target) still named by the index holds a live block (the index's
         // reverse map: no I/O).
 
-        let new_head = target;
         // (No record write can run meanwhile: this thread holds the io lock. So the index
         // entries below keep naming the same positions until this function changes them.)
-        let live: Vec<Picked> = {
-            let st = self.lock();
-            (head..new_head)
+        let picked = |st: &State, from: u64, until: u64| -> Vec<Picked> {
+            (from..until)
                 .filter_map(|position| {
                     let (block, entry) = st.index.owner(self.layout.slot(position))?;
                     Some(Picked { block, entry, position })
                 })
                 .collect()
         };
+        let (new_head, live) = {
+            let st = self.lock();
+            let mut target = target;
+            // Whole segments beyond the target that hold no dirty block are reclaimed too, up
+            // to an eighth of the log: evicting clean data costs no I/O but this reclaim's
+            // record and cache flush, and a wider window pays that once for many segments (a
+            // writer meeting a cache full of clean data runs at the empty-cache rate).
+            let seg = u64::from(self.layout.segment_blocks);
+            let limit = (head + self.layout.log_blocks / 8).min(tail).min(checkpoint);
+            while target + seg <= limit && picked(&st, target, target + seg).iter().all(|p| !p.entry.dirty) {
+                target += seg;
+            }
+            (target, picked(&st, head, target))
+        };
         let mut dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
         if dirty.len() > self.copy_forward_max() {
-            // Mostly dirty: the cache is full of data not yet written back. Write it back now;
-            // this is the backpressure a writer feels when the destager has fallen behind.
+            // Mostly dirty: the cache is full of data not yet written back, and the pre-cleaner
+            // is behind. Write it back now, with the dirty blocks of the next few segments in
+            // the same batch (one backing flush for all of them, and the next reclaims find
+            // them clean): this is the backpressure a writer feels when write-back has fallen
+            // behind, paid in large batches rather than a flush per segment.
 
             let _destage = self.destage.lock().expect("destage lock");
+            let ahead = {
+                let st = self.lock();
+                let until = (new_head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
+                picked(&st, new_head, until)
+            };
+            let room = DESTAGE_BATCH_BLOCKS.saturating_sub(dirty.len());
+            dirty.extend(ahead.into_iter().filter(|p| p.entry.dirty).take(room));
             self.destage_blocks(dirty.clone())?;
             dirty.clear();
         }
@@ -930,14 +986,19 @@ impl Volume {
         // touched): read and verify them into the copy record's buffer.
 
         let mut copies: Vec<Picked> = Vec::with_capacity(dirty.len());
-        for p in dirty {
+        let slots: Vec<u32> = dirty.iter().map(|p| p.entry.slot).collect();
+        if let Err(err) = self.read_slots(&slots, &mut io.copy[bs..(1 + dirty.len()) * bs]) {
+            let err = EngineError::cache(err);
+            self.lock().poison(format!("reading blocks to copy forward failed: {err}"));
+            return Err(err);
+        }
+        for (i, p) in dirty.into_iter().enumerate() {
+            // Verified blocks are packed to the front of the record as they are kept.
             let k = copies.len();
-            let out = &mut io.copy[(1 + k) * bs..(2 + k) * bs];
-            if let Err(err) = self.cache.read_at(self.layout.log_offset(u64::from(p.entry.slot)), out) {
-                let err = EngineError::cache(err);
-                self.lock().poison(format!("reading a block to copy forward failed: {err}"));
-                return Err(err);
+            if k != i {
+                io.copy.copy_within((1 + i) * bs..(2 + i) * bs, (1 + k) * bs);
             }
+            let out = &mut io.copy[(1 + k) * bs..(2 + k) * bs];
             if checksum(out) == p.entry.crc {
                 copies.push(p);
                 continue;
@@ -1250,15 +1311,28 @@ impl Volume {
                 break;
             }
         }
-        // Cache reads: each block verified, then confirmed still current under the lock.
+        // Cache reads: one I/O per run of blocks in consecutive log slots (a sequential write
+        // or admission put them there), each block verified on its own, then confirmed still
+        // current under the lock below.
 
         let mut retry: Vec<usize> = Vec::new();
-        for (i, src) in plan.iter().enumerate() {
-            if let Source::Cache(e, _) = src {
-                let out = &mut buf[i * bs..(i + 1) * bs];
-                let pos_ok = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), out);
-                if pos_ok.is_err() || checksum(out) != e.crc {
-                    retry.push(i);
+        let mut i = 0;
+        while i < nblocks {
+            let Source::Cache(e, _) = plan[i] else {
+                i += 1;
+                continue;
+            };
+            let start = i;
+            i += 1;
+            while i < nblocks && matches!(plan[i], Source::Cache(n, _) if n.slot == e.slot + (i - start) as u32) {
+                i += 1;
+            }
+            let run = &mut buf[start * bs..i * bs];
+            let read = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), run);
+            for k in start..i {
+                let Source::Cache(e, _) = plan[k] else { unreachable!("a run holds cache blocks only") };
+                if read.is_err() || checksum(&buf[k * bs..(k + 1) * bs]) != e.crc {
+                    retry.push(k);
                 }
             }
         }
@@ -1447,7 +1521,7 @@ impl Volume {
         let (batch, until) = {
             let st = self.lock();
             st.check_poisoned()?;
-            let window_end = st.head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks);
+            let window_end = st.head + self.preclean_horizon(&st);
             let (from, until) = (st.precleaned_until.max(st.head), window_end.min(st.written_tail));
             let mut batch = Vec::new();
             let mut pos = from;
@@ -1467,6 +1541,18 @@ impl Volume {
         Ok(written)
     }
 
+    /// How far ahead of the log head the pre-cleaner keeps the log clean: as many blocks as
+    /// were written in the last `PRECLEAN_HORIZON_MS` (so write-back starts as far ahead of
+    /// the writer as the writer's own pace), at least `PRECLEAN_SEGMENTS` segments, at most a
+    /// quarter of the log beyond that.
+    fn preclean_horizon(&self, st: &State) -> u64 {
+        let since = self.clock.now_ns().saturating_sub(PRECLEAN_HORIZON_MS * 1_000_000);
+        let k = st.age_samples.partition_point(|&(_, t)| t < since);
+        let recent = st.age_samples.get(k).map_or(0, |&(pos, _)| st.tail.saturating_sub(pos));
+        let floor = PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks);
+        recent.min(self.layout.log_blocks / 4).max(floor)
+    }
+
     /// Writes `blocks` back to the backing device (destage lock held): read from the cache
     /// and verify; write in address order, merging neighbours; flush the backing device; only
     /// then mark clean and queue MarkClean entries.
@@ -1480,13 +1566,11 @@ impl Volume {
         let bs = self.bs;
         blocks.sort_unstable_by_key(|p| p.block);
         let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
-        for (i, p) in blocks.iter().enumerate() {
-            let out = &mut data[i * bs..(i + 1) * bs];
-            if let Err(e) = self.cache.read_at(self.layout.log_offset(u64::from(p.entry.slot)), out) {
-                let e = EngineError::cache(e);
-                self.lock().poison(format!("reading a dirty block from the cache device failed: {e}"));
-                return Err(e);
-            }
+        let slots: Vec<u32> = blocks.iter().map(|p| p.entry.slot).collect();
+        if let Err(e) = self.read_slots(&slots, &mut data[..blocks.len() * bs]) {
+            let e = EngineError::cache(e);
+            self.lock().poison(format!("reading dirty blocks from the cache device failed: {e}"));
+            return Err(e);
         }
         // Keep only blocks whose index entry still names the position read (the read itself
         // raced nothing then: that position cannot be overwritten while it is live) and whose
@@ -1726,6 +1810,20 @@ impl Volume {
             // forward again), then the elevator through the rest.
             if self.destage_oldest(DESTAGE_BATCH_BLOCKS)? == 0 {
                 self.destage_step(DESTAGE_BATCH_BLOCKS)?;
+            }
+            return Ok(());
+        }
+        // Below the watermark dirty data stays cached, except where the writer is about to
+        // need its space: the head's dirty blocks within the horizon are written back ahead
+        // of it (large sorted batches, off the writer's path), so reclaim finds them clean
+        // instead of writing them back itself, segment by segment, while writers wait.
+        for _ in 0..PRECLEAN_BATCHES_PER_TICK {
+            let short = {
+                let st = self.lock();
+                st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st)
+            };
+            if !short || self.destage_oldest(DESTAGE_BATCH_BLOCKS)? == 0 {
+                break;
             }
         }
         Ok(())

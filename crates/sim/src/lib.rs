@@ -682,7 +682,9 @@ impl Client {
     }
 
     fn read_op(&mut self, world: &World, volume: &Volume, cache: &SimDevice, failed_before: u64) -> Result<(), Stop> {
-        let (start, n) = self.span(8);
+        // Now and then a large read: its cached blocks are read a run of consecutive log slots
+        // at a time, while reclaim and write-back move them.
+        let (start, n) = if self.rng.gen_bool(0.25) { self.span(48) } else { self.span(8) };
         self.read_span(world, volume, cache, failed_before, start, n)
     }
 

@@ -4,6 +4,7 @@
 mod fsync;
 mod randwrite;
 mod recovery;
+mod seq;
 
 use clap::Subcommand;
 
@@ -33,6 +34,10 @@ Emulated profiles: optane, nvme, sata-raid5, hdd, usb-disk (see docs/devices.md)
     Randwrite(randwrite::RandwriteArgs),
     /// Restart time after SIGKILL: fill a cache on real files, kill the writer, time recovery.
     Recovery(recovery::RecoveryArgs),
+    /// Large-request bandwidth: sequential writes and reads of the hybrid volume (into an
+    /// empty cache, hits, misses, over a full cache, destage-bound) against the raw cache and
+    /// backing devices, at several request sizes and queue depths, in one run.
+    Seq(seq::SeqArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
@@ -40,5 +45,6 @@ pub fn run(cmd: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Fsync(args) => fsync::run(args),
         BenchCommand::Randwrite(args) => randwrite::run(args),
         BenchCommand::Recovery(args) => recovery::run(args),
+        BenchCommand::Seq(args) => seq::run(args),
     }
 }
