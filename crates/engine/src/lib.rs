@@ -79,13 +79,13 @@ pub struct Status {
 pub struct Background {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
+    volume: Weak<Volume>,
 }
 
 impl Background {
     pub fn start(volume: &Arc<Volume>) -> Background {
         let stop = Arc::new(AtomicBool::new(false));
         let weak: Weak<Volume> = Arc::downgrade(volume);
-        volume.set_background(true);
         let stop2 = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
             .name("tiercache-bg".into())
@@ -93,7 +93,8 @@ impl Background {
                 let period = std::time::Duration::from_millis(constants::BACKGROUND_PERIOD_MS);
                 let mut last_error: Option<String> = None;
                 while !stop2.load(Ordering::Relaxed) {
-                    std::thread::sleep(period);
+                    // Every period, or at once when readers' admissions fill staging.
+                    std::thread::park_timeout(period);
                     let Some(v) = weak.upgrade() else { break };
                     if let Err(e) = v.background_tick() {
                         let msg = e.to_string();
@@ -106,14 +107,19 @@ impl Background {
                 }
             })
             .expect("spawn background thread");
-        Background { stop, handle: Some(handle) }
+        volume.set_background(Some(handle.thread().clone()));
+        Background { stop, handle: Some(handle), volume: Arc::downgrade(volume) }
     }
 }
 
 impl Drop for Background {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        if let Some(v) = self.volume.upgrade() {
+            v.set_background(None);
+        }
         if let Some(h) = self.handle.take() {
+            h.thread().unpark();
             let _ = h.join();
         }
     }

@@ -387,6 +387,9 @@ pub struct Volume {
     dirty_low_blocks: u64,
     dirty_high_blocks: u64,
     background: AtomicBool,
+    /// The background thread, woken when readers' admissions fill staging. (A std mutex: the
+    /// simulator runs no background thread.)
+    background_thread: std::sync::Mutex<Option<std::thread::Thread>>,
 }
 
 /// What recovery produced, handed to `Volume::assemble`.
@@ -471,6 +474,7 @@ impl Volume {
             superblock: Mutex::new(r.superblock),
             rmw: Mutex::new(()),
             background: AtomicBool::new(false),
+            background_thread: std::sync::Mutex::new(None),
         }
     }
 
@@ -1439,15 +1443,29 @@ impl Volume {
     }
 
     /// Readers that filled staging with clean blocks write it out, so admission continues.
+    /// With a background thread, it is woken to write the record instead: a reader never
+    /// waits for the admission of what it read (the staging buffer is swapped out at seal
+    /// time, so admission goes on while the record is written).
     fn commit_if_staging_full(&self) {
         let full = {
             let st = self.lock();
             st.staging.data.len() >= st.staging.data_limit()
         };
-        if full {
+        if full && !self.wake_background() {
             if let Ok(mut io) = self.io.try_lock() {
                 let _ = self.write_out(&mut io);
             }
+        }
+    }
+
+    /// Wakes the background thread, if there is one.
+    fn wake_background(&self) -> bool {
+        match &*self.background_thread.lock().expect("background thread handle") {
+            Some(t) => {
+                t.unpark();
+                true
+            }
+            None => false,
         }
     }
 
@@ -1782,11 +1800,15 @@ impl Volume {
                 st.staging.first_staged_ns.is_some_and(|t| now.saturating_sub(t) > STAGING_MAX_AGE_MS * 1_000_000);
             (stale, (st.index.dirty_len() + st.staging.data.len()) as u64)
         };
-        // Write out staged data that has waited long enough, and a long MarkClean queue in
+        // Write out staged data that has waited long enough or fills the buffer (readers'
+        // admissions wake this thread for it), and a long MarkClean queue in
         // metadata-only records (a block holds 168 of them), so that a crash does not make
         // recovery write back again what was already written back.
-        let meta_backlog = self.lock().pending_meta.len() > RECORD_ENTRIES;
-        if stale || meta_backlog {
+        let (meta_backlog, full) = {
+            let st = self.lock();
+            (st.pending_meta.len() > RECORD_ENTRIES, st.staging.data.len() >= st.staging.data_limit())
+        };
+        if stale || meta_backlog || full {
             if let Ok(mut io) = self.io.try_lock() {
                 for _ in 0..META_RECORDS_PER_TICK {
                     self.write_out(&mut io)?;
@@ -1807,9 +1829,15 @@ impl Volume {
         };
         if active {
             // The oldest dirty blocks first (they are what reclaim would otherwise copy
-            // forward again), then the elevator through the rest.
-            if self.destage_oldest(DESTAGE_BATCH_BLOCKS)? == 0 {
-                self.destage_step(DESTAGE_BATCH_BLOCKS)?;
+            // forward again), then the elevator through the rest; batch after batch, so that
+            // write-back runs at the backing device's pace, not one batch per period.
+            for _ in 0..PRECLEAN_BATCHES_PER_TICK {
+                if self.destage_oldest(DESTAGE_BATCH_BLOCKS)? == 0 && self.destage_step(DESTAGE_BATCH_BLOCKS)? == 0 {
+                    break;
+                }
+                if (self.lock().index.dirty_len() as u64) <= low {
+                    break;
+                }
             }
             return Ok(());
         }
@@ -1829,9 +1857,11 @@ impl Volume {
         Ok(())
     }
 
-    /// Marks the volume as having a background thread (enables write backpressure).
-    pub(crate) fn set_background(&self, on: bool) {
-        self.background.store(on, Ordering::Relaxed);
+    /// Marks the volume as having a background thread (enables write backpressure), and
+    /// names the thread to wake when staging fills.
+    pub(crate) fn set_background(&self, thread: Option<std::thread::Thread>) {
+        self.background.store(thread.is_some(), Ordering::Relaxed);
+        *self.background_thread.lock().expect("background thread handle") = thread;
     }
 
     /// Above the high watermark, writes wait in proportion to how close the log is to full of
