@@ -925,6 +925,7 @@ impl Volume {
     /// Frees at least `need` blocks at the head of the log (io lock held).
     fn reclaim(&self, io: &mut IoBuffers, need: u64) -> Result<()> {
         let bs = self.bs;
+        let started = std::time::Instant::now();
         let (head, tail, mut checkpoint) = {
             let st = self.lock();
             (st.head, st.tail, st.checkpoint_position)
@@ -1111,6 +1112,14 @@ impl Volume {
         }
         self.lock().written_tail = pos + blocks;
         self.flush_cache(self.options.sabotage == Sabotage::ReclaimSkipsMarkerFlush)?;
+        tracing::debug!(
+            head,
+            new_head,
+            live = live.len(),
+            copied = copies.len(),
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "reclaim"
+        );
         let mut st = self.lock();
         st.head = new_head;
         for (k, p) in copies.iter().enumerate() {
@@ -1582,6 +1591,7 @@ impl Volume {
     /// slot; a position never repeats, so that newer version stays dirty.
     fn destage_blocks(&self, mut blocks: Vec<Picked>) -> Result<usize> {
         let bs = self.bs;
+        let started = std::time::Instant::now();
         blocks.sort_unstable_by_key(|p| p.block);
         let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
         let slots: Vec<u32> = blocks.iter().map(|p| p.entry.slot).collect();
@@ -1725,6 +1735,12 @@ impl Volume {
                 st.counters.destaged_blocks += 1;
             }
         }
+        tracing::debug!(
+            picked = blocks.len(),
+            written,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "write-back batch"
+        );
         Ok(written)
     }
 

@@ -74,13 +74,18 @@ pub struct SeqArgs {
     /// Allow --cache and --backing to be overwritten.
     #[arg(long)]
     destructive: bool,
+    /// Run only these cases, comma-separated (ratios need their reference case too):
+    /// raw-cache-write, raw-cache-read, raw-backing-write, raw-backing-read, write-empty,
+    /// read-hits, read-cold, write-over-clean, write-over-dirty, write-destage-bound.
+    #[arg(long, value_delimiter = ',', value_enum)]
+    cases: Vec<Case>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
 }
 
 /// The cases, in the order they run within a round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "kebab-case")]
 enum Case {
     RawCacheWrite,
@@ -280,6 +285,7 @@ pub fn run(args: SeqArgs) -> Result<()> {
         None => p.display().to_string(),
     };
 
+    let selected = |c: &Case| args.cases.is_empty() || args.cases.contains(c);
     let combos: Vec<(u64, u32)> =
         args.request_sizes.iter().flat_map(|&r| args.queue_depths.iter().map(move |&q| (r, q))).collect();
     // passes[combo][case] = one Pass per round.
@@ -289,7 +295,7 @@ pub fn run(args: SeqArgs) -> Result<()> {
         for (k, &(request, qd)) in combos.iter().enumerate() {
             let name = format!("round {}/{} {} KiB QD{qd}", round + 1, args.rounds, request / 1024);
             let pb = progress_bar(&name, Duration::from_secs(60), args.json);
-            for (c, case) in Case::ALL.iter().enumerate() {
+            for (c, case) in Case::ALL.iter().enumerate().filter(|(_, c)| selected(c)) {
                 pb.set_message(case.label());
                 let pass = run_case(*case, &devices, &args, request, qd)
                     .with_context(|| format!("{} ({} KiB, QD{qd})", case.label(), request / 1024))?;
@@ -304,26 +310,29 @@ pub fn run(args: SeqArgs) -> Result<()> {
         let median_of = |c: usize| {
             let mut v: Vec<f64> = passes[k][c].iter().map(|p| p.mib_per_second).collect();
             v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
+            v.get(v.len() / 2).copied()
         };
-        for (c, case) in Case::ALL.iter().enumerate() {
+        for (c, case) in Case::ALL.iter().enumerate().filter(|(_, c)| selected(c)) {
             let mut latency = latency_histogram();
             for p in &passes[k][c] {
                 latency.add(&p.latency).expect("same histogram bounds");
             }
-            let mib = median_of(c);
+            let mib = median_of(c).expect("ran");
+            let index_of = |r: Case| Case::ALL.iter().position(|x| *x == r).expect("listed");
             let (reference, ratio, goal) = match case.reference() {
-                Some((r, goal)) => {
-                    let rc = Case::ALL.iter().position(|x| *x == r).expect("listed");
-                    (Some(r), Some((mib / median_of(rc) * 1000.0).round() / 1000.0), Some(goal))
-                }
+                Some((r, goal)) => match median_of(index_of(r)) {
+                    Some(base) => (Some(r), Some((mib / base * 1000.0).round() / 1000.0), Some(goal)),
+                    None => (None, None, None),
+                },
                 None => (None, None, None),
             };
-            let backing_write = median_of(Case::ALL.iter().position(|x| *x == Case::RawBackingWrite).expect("listed"));
+            let backing_write = median_of(index_of(Case::RawBackingWrite));
             let goal_met = match (case, ratio, goal) {
                 // The bar for writes meeting dirty data: half the empty-cache rate, or 0.8 of
                 // the backing device's write rate where that is lower.
-                (Case::WriteOverDirty, Some(r), Some(g)) => Some(r >= g || mib >= 0.8 * backing_write),
+                (Case::WriteOverDirty, Some(r), Some(g)) => {
+                    Some(r >= g || backing_write.is_some_and(|b| mib >= 0.8 * b))
+                }
                 (_, Some(r), Some(g)) => Some(r >= g),
                 _ => None,
             };
