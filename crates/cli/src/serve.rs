@@ -259,7 +259,13 @@ fn unmount(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// The control protocol: one request line ("status", at most 4 KiB), one JSON reply line.
+/// The control protocol: one request line (at most 4 KiB), JSON reply lines.
+/// - `status`: one line, the volume's status.
+/// - `flush`: writes back every block dirty now while the volume keeps serving (paced to
+///   half the devices' time, so the foreground load keeps at least about half its rate);
+///   a line `{"done":N,"remaining":M}` per batch, then `{"ok":true,"written_back":N}` or
+///   `{"error":"...","lost_blocks":[...]}`. A client that goes away stops it; what was
+///   written back stays clean, and the next `flush` continues from there.
 fn answer_control(conn: UnixStream, volume: &Volume) -> Result<()> {
     use std::io::Read;
     conn.set_nonblocking(false)?;
@@ -269,9 +275,58 @@ fn answer_control(conn: UnixStream, volume: &Volume) -> Result<()> {
     let mut w = &conn;
     match line.trim() {
         "status" => writeln!(w, "{}", serde_json::to_string(&volume.status())?)?,
-        other => writeln!(w, "{{\"error\":\"unknown request '{other}'\"}}")?,
+        "flush" => {
+            tracing::info!("online flush requested through the control socket");
+            let mut gone = false;
+            let r = volume.write_back_all(ONLINE_FLUSH_BUSY_SHARE, |done, remaining| {
+                gone = writeln!(w, "{}", serde_json::json!({ "done": done, "remaining": remaining })).is_err();
+                !gone
+            });
+            let reply = match r {
+                Ok(n) if gone => {
+                    tracing::info!(
+                        written_back = n,
+                        "online flush stopped: its client went away (run it again to continue)"
+                    );
+                    return Ok(());
+                }
+                Ok(n) => serde_json::json!({ "ok": true, "written_back": n }),
+                Err(tiercache_engine::EngineError::LostBlocks { blocks, .. }) => serde_json::json!({
+                    "error": "some blocks are lost: their only copy failed its checksum, and the backing device holds stale data for them",
+                    "lost_blocks": blocks,
+                }),
+                Err(e) => serde_json::json!({ "error": e.to_string() }),
+            };
+            tracing::info!(result = %reply, "online flush ended");
+            writeln!(w, "{reply}")?;
+        }
+        other => writeln!(w, "{}", serde_json::json!({ "error": format!("unknown request '{other}'") }))?,
     }
     Ok(())
+}
+
+/// The share of time an online flush keeps the devices busy with write-back.
+const ONLINE_FLUSH_BUSY_SHARE: f64 = 0.5;
+
+/// Asks a running server to write back everything dirty, calling `progress(done, remaining)`
+/// for each batch it reports; returns how many blocks it wrote back.
+pub fn request_flush(socket: &Path, mut progress: impl FnMut(u64, u64)) -> Result<u64> {
+    let mut conn = UnixStream::connect(socket).with_context(|| format!("connecting to {}", socket.display()))?;
+    writeln!(conn, "flush")?;
+    for line in BufReader::new(&conn).lines() {
+        let v: serde_json::Value = serde_json::from_str(&line?).context("decoding the server's reply")?;
+        if let Some(done) = v.get("done").and_then(|d| d.as_u64()) {
+            progress(done, v.get("remaining").and_then(|r| r.as_u64()).unwrap_or(0));
+        } else if v.get("ok").is_some() {
+            return Ok(v.get("written_back").and_then(|n| n.as_u64()).unwrap_or(0));
+        } else if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
+            match v.get("lost_blocks") {
+                Some(blocks) => bail!("the server's flush failed: {e}; lost blocks: {blocks}"),
+                None => bail!("the server's flush failed: {e}"),
+            }
+        }
+    }
+    bail!("the server closed the control connection before the flush ended (did it stop?)")
 }
 
 /// Asks a running server for the volume's status (`None` if no server answers).

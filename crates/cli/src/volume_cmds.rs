@@ -222,15 +222,8 @@ pub fn status_cmd(args: StatusArgs) -> Result<()> {
     let s: tiercache_engine::Status = match spec.open_read_only("cache") {
         Ok(cache) => Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?.status(),
         Err(e) if is_locked(&e) => {
-            // A server holds the device: ask it (the superblock, read without the lock,
-            // names its control socket).
-            let dev = tiercache_device::FileDevice::open_with(
-                spec.path(),
-                tiercache_device::OpenOptions { direct: false, lock: false, read_only: false },
-            )?;
-            let sb = read_superblock(&dev)?;
-            let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
-            let socket = args.control.clone().unwrap_or_else(|| crate::serve::default_control_path(&uuid));
+            // A server holds the device: ask it.
+            let socket = control_socket_of(&spec, args.control.as_deref())?;
             let v = crate::serve::query_status(&socket).with_context(|| {
                 format!("{} is in use, but no tiercache server answers on its control socket", spec.path().display())
             })?;
@@ -360,17 +353,51 @@ pub fn check_cmd(args: CheckArgs) -> Result<()> {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  tiercache flush --cache /dev/nvme0n1p4          the volume is served: the server writes back, online
+  tiercache flush --cache cache.img --backing back.img   offline, naming the backing device
+  tiercache flush --cache cache.img --json        machine-readable result
+
+On a served volume the server writes back every block dirty when the flush starts, at about
+half the devices' time, while it keeps serving; Ctrl-C stops it, and what was written back
+stays clean (run it again to continue). Exits non-zero, naming them, if any block is lost.")]
 pub struct FlushArgs {
-    #[command(flatten)]
-    devices: VolumeDevices,
+    /// The cache device: PATH, or emulated:PROFILE:PATH.
+    #[arg(long, value_name = "DEVICE")]
+    cache: String,
+    /// The backing device (default: the path recorded when the cache was created). Not
+    /// needed when the volume is served.
+    #[arg(long, value_name = "DEVICE")]
+    backing: Option<String>,
+    /// The control socket of a server started with `serve --control PATH` (the default
+    /// one is found from the cache device's UUID).
+    #[arg(long, value_name = "PATH")]
+    control: Option<std::path::PathBuf>,
     /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn flush_cmd(args: FlushArgs) -> Result<()> {
-    let (cache, backing) = args.devices.open()?;
+    let spec = DeviceSpec::parse(&args.cache)?;
     let started = std::time::Instant::now();
+    let cache = match spec.open("cache") {
+        Ok(cache) => cache,
+        Err(e) if is_locked(&e) => return flush_online(&args, &spec, started),
+        Err(e) => return Err(e),
+    };
+    let backing_spec = match &args.backing {
+        Some(b) => b.clone(),
+        None => {
+            let sb = read_superblock(&*cache)?;
+            if sb.backing_path.is_empty() {
+                bail!("{} does not record its backing device; name it with --backing", spec.path().display());
+            }
+            sb.backing_path.clone()
+        }
+    };
+    let backing = DeviceSpec::parse(&backing_spec)?.open("backing")?;
     let (volume, _) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
     let dirty = volume.status().dirty_blocks;
     let pb = progress("writing back", args.json);
@@ -378,18 +405,57 @@ pub fn flush_cmd(args: FlushArgs) -> Result<()> {
     let r = volume.flush_all(|done, _remaining| pb.set_position(done));
     pb.finish_and_clear();
     r?;
-    let s = volume.status();
+    report_flush(&args, dirty, volume.status().dirty_blocks, started, false)
+}
+
+/// `flush` of a served volume: the server does it, this process shows its progress.
+fn flush_online(args: &FlushArgs, spec: &DeviceSpec, started: std::time::Instant) -> Result<()> {
+    let socket = control_socket_of(spec, args.control.as_deref())?;
+    let pb = progress("writing back", args.json);
+    let written = crate::serve::request_flush(&socket, |done, remaining| {
+        pb.set_length(done + remaining);
+        pb.set_position(done);
+    })
+    .with_context(|| format!("{} is served; its server was asked to write back", spec.path().display()))?;
+    pb.finish_and_clear();
+    let dirty = crate::serve::query_status(&socket).and_then(|v| v.get("dirty_blocks").and_then(|d| d.as_u64()));
+    report_flush(args, written, dirty.unwrap_or(0), started, true)
+}
+
+fn report_flush(
+    args: &FlushArgs,
+    written: u64,
+    dirty_now: u64,
+    started: std::time::Instant,
+    online: bool,
+) -> Result<()> {
+    let seconds = started.elapsed().as_secs_f64();
     if args.json {
-        let v = serde_json::json!({"written_back_blocks": dirty, "dirty_blocks": s.dirty_blocks, "seconds": started.elapsed().as_secs_f64()});
+        let v = serde_json::json!({"written_back_blocks": written, "dirty_blocks": dirty_now, "seconds": seconds, "online": online});
         println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
+    } else if online {
         println!(
-            "wrote back {} dirty blocks in {:.1} s; the backing device now holds all data",
-            dirty,
-            started.elapsed().as_secs_f64()
+            "wrote back {written} dirty blocks in {seconds:.1} s while serving; everything dirty when the flush began is on the backing device ({dirty_now} blocks written since are dirty)"
         );
+    } else {
+        println!("wrote back {written} dirty blocks in {seconds:.1} s; the backing device now holds all data");
     }
     Ok(())
+}
+
+/// The control socket of the server that holds `spec` (the superblock, read without the
+/// lock, names it by the volume's UUID), or `explicit`.
+fn control_socket_of(spec: &DeviceSpec, explicit: Option<&std::path::Path>) -> Result<std::path::PathBuf> {
+    if let Some(p) = explicit {
+        return Ok(p.to_path_buf());
+    }
+    let dev = tiercache_device::FileDevice::open_with(
+        spec.path(),
+        tiercache_device::OpenOptions { direct: false, lock: false, read_only: true },
+    )?;
+    let sb = read_superblock(&dev)?;
+    let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
+    Ok(crate::serve::default_control_path(&uuid))
 }
 
 fn is_locked(e: &anyhow::Error) -> bool {

@@ -1761,32 +1761,92 @@ impl Volume {
         Ok(())
     }
 
-    /// Writes back every dirty block, then makes the cache's record of it durable: afterwards
-    /// the backing device alone holds all data. `progress(done, remaining)` is called per batch.
+    /// Writes back every dirty block and checkpoints: the backing device then holds all data
+    /// (`LostBlocks` if a lost block's stale copy is all it holds). `progress(done, remaining)`
+    /// after each batch.
     pub fn flush_all(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
-        self.flush()?;
-        let mut done = 0u64;
-        let mut stalled = 0;
-        loop {
-            let n = self.destage_step(DESTAGE_BATCH_BLOCKS)? as u64;
-            done += n;
-            let remaining = self.lock().index.dirty_len() as u64;
+        self.write_back_all(1.0, |done, remaining| {
             progress(done, remaining);
-            if remaining == 0 {
+            true
+        })
+        .map(|_| ())
+    }
+
+    /// Writes back every block that is dirty when it is called, batch by batch in address
+    /// order, then checkpoints; returns how many blocks it wrote back. Blocks written after
+    /// the call began are not its business: a served volume keeps taking writes, and the
+    /// call still ends. `busy_share` (0 < share <= 1) paces it: after each batch it pauses so
+    /// that it works that share of the time, leaving the devices to the foreground load.
+    /// `progress(done, remaining)` after each batch; returning false stops early. Everything
+    /// written back so far stays clean (durably, through the MarkClean entries and the
+    /// checkpoint), so a stopped call resumes where it left off when called again.
+    pub fn write_back_all(&self, busy_share: f64, mut progress: impl FnMut(u64, u64) -> bool) -> Result<u64> {
+        assert!(busy_share > 0.0 && busy_share <= 1.0, "busy share {busy_share} out of (0, 1]");
+        self.flush()?;
+        // The versions to write back: (block, crc) of every dirty block now. A version found
+        // again at another position (copied forward meanwhile) is still this call's.
+        let wanted: HashMap<u64, u32> = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            st.index.iter().filter(|(_, e)| e.dirty).map(|(b, e)| (b, e.crc)).collect()
+        };
+        let total = wanted.len() as u64;
+        let mut done = 0u64;
+        let mut idle_passes = 0;
+        loop {
+            // Still dirty with the version wanted: not yet written back, nor overwritten.
+            let mut pending: Vec<Picked> = {
+                let st = self.lock();
+                st.check_poisoned()?;
+                wanted
+                    .iter()
+                    .filter_map(|(&block, &crc)| {
+                        let entry = st.index.get(block).filter(|e| e.dirty && e.crc == crc)?;
+                        (!st.lost.contains_key(&block)).then(|| Picked {
+                            block,
+                            entry,
+                            position: self.position_of(&st, &entry),
+                        })
+                    })
+                    .collect()
+            };
+            if pending.is_empty() {
                 break;
             }
-            if n == 0 {
-                // Every block of the batch was overwritten meanwhile (retry), or some dirty
-                // blocks cannot be written back at all (give up after a while).
-                stalled += 1;
-                if stalled > 100 {
-                    return Err(EngineError::Corrupt(format!("{remaining} dirty blocks could not be written back")));
+            pending.sort_unstable_by_key(|p| p.block);
+            let mut progressed = false;
+            for batch in pending.chunks(DESTAGE_BATCH_BLOCKS) {
+                let started = std::time::Instant::now();
+                let n = {
+                    let _destage = self.destage.lock().expect("destage lock");
+                    self.destage_blocks(batch.to_vec())?
+                };
+                progressed |= n > 0;
+                done = (done + n as u64).min(total);
+                if !progress(done, total - done) {
+                    self.checkpoint()?;
+                    return Ok(done);
+                }
+                if busy_share < 1.0 {
+                    std::thread::sleep(started.elapsed().mul_f64((1.0 - busy_share) / busy_share));
+                }
+            }
+            if !progressed {
+                // Every block of the pass moved or changed meanwhile (look again), or some
+                // cannot be written back at all (give up after a while).
+                idle_passes += 1;
+                if idle_passes > 100 {
+                    return Err(EngineError::Corrupt(format!(
+                        "{} dirty blocks could not be written back",
+                        pending.len()
+                    )));
                 }
                 std::thread::sleep(std::time::Duration::from_millis(1));
             } else {
-                stalled = 0;
+                idle_passes = 0;
             }
         }
+        progress(total, 0);
         self.checkpoint()?;
         // Everything else is on the backing device now, but a lost block's backing copy is
         // stale: "the backing device holds all data" would be a lie.
@@ -1794,10 +1854,9 @@ impl Volume {
         if !lost.is_empty() {
             return Err(EngineError::LostBlocks { count: lost.len() as u64, blocks: lost });
         }
-        Ok(())
+        Ok(done)
     }
 
-    /// Every lost block, in address order (see `Lost`; the map is ordered).
     pub fn lost_blocks(&self) -> Vec<u64> {
         self.lock().lost.keys().copied().collect()
     }

@@ -1249,7 +1249,16 @@ fn run_cycle(
                     yield_now();
                     continue;
                 }
-                let res = if r.gen_bool(0.6) {
+                let res = if r.gen_bool(0.02) {
+                    // An operator's `tiercache flush` on the served volume: every block dirty
+                    // now, written back while the clients go on (paced or not). Lost blocks
+                    // make it fail by design.
+                    let share = [1.0, 0.5][r.gen_range(0..2)];
+                    match v.write_back_all(share, |_, _| true) {
+                        Err(EngineError::LostBlocks { .. }) => Ok(()),
+                        other => other.map(|_| ()),
+                    }
+                } else if r.gen_bool(0.6) {
                     v.destage_step(r.gen_range(1..64)).map(|_| ())
                 } else {
                     v.destage_oldest(r.gen_range(1..32)).map(|_| ())
