@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tiercache_device::MonotonicClock;
-use tiercache_engine::{Background, Volume, VolumeOptions};
+use tiercache_engine::{Background, Counters, Volume, VolumeOptions};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -157,6 +157,31 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let control = bind_unix(&control_path)?;
     control.set_nonblocking(true)?;
     let config = tiercache_nbd::Config { export_name: args.export_name.clone(), ..Default::default() };
+    let mut endpoints = bound.clone();
+    if let Some(dir) = &args.fuse {
+        endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
+    }
+    let server = Arc::new(ServerInfo {
+        pid: std::process::id(),
+        started: std::time::Instant::now(),
+        endpoints: endpoints.clone(),
+        control: control_path.clone(),
+        nbd_clients: Arc::clone(&config.connections),
+        samples: std::sync::Mutex::new(std::collections::VecDeque::new()),
+    });
+    {
+        // Counters sampled every second (the last minute kept), for the rates `status` shows.
+        // The first before any client can connect.
+        server.sample(volume.status().counters);
+        let (server, volume, stop) = (Arc::clone(&server), Arc::downgrade(&volume), Arc::clone(&stop));
+        std::thread::Builder::new().name("tiercache-rates".into()).spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(1));
+                let Some(v) = volume.upgrade() else { break };
+                server.sample(v.status().counters);
+            }
+        })?;
+    }
     let mut threads = Vec::new();
     let nbd_stop = Arc::new(AtomicBool::new(false));
     for (endpoint, listener) in bound.iter().zip(listeners) {
@@ -172,10 +197,6 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         ),
         None => None,
     };
-    let mut endpoints = bound.clone();
-    if let Some(dir) = &args.fuse {
-        endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
-    }
     eprintln!(
         "tiercache: serving {} ({} cached, {} dirty) on {}; control socket {}",
         cache_spec,
@@ -189,9 +210,9 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
             match control.accept() {
                 Ok((conn, _)) => {
                     // Answered on its own thread: a slow client never delays a shutdown.
-                    let v = Arc::clone(&volume);
+                    let (v, server) = (Arc::clone(&volume), Arc::clone(&server));
                     std::thread::spawn(move || {
-                        if let Err(e) = answer_control(conn, &v) {
+                        if let Err(e) = answer_control(conn, &v, &server) {
                             tracing::debug!(error = %e, "control connection");
                         }
                     });
@@ -266,7 +287,7 @@ fn unmount(dir: &Path) -> std::io::Result<()> {
 ///   a line `{"done":N,"remaining":M}` per batch, then `{"ok":true,"written_back":N}` or
 ///   `{"error":"...","lost_blocks":[...]}`. A client that goes away stops it; what was
 ///   written back stays clean, and the next `flush` continues from there.
-fn answer_control(conn: UnixStream, volume: &Volume) -> Result<()> {
+fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Result<()> {
     use std::io::Read;
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -274,7 +295,12 @@ fn answer_control(conn: UnixStream, volume: &Volume) -> Result<()> {
     BufReader::new((&conn).take(4096)).read_line(&mut line)?;
     let mut w = &conn;
     match line.trim() {
-        "status" => writeln!(w, "{}", serde_json::to_string(&volume.status())?)?,
+        "status" => {
+            let status = volume.status();
+            let mut v = serde_json::to_value(&status)?;
+            v["server"] = server.report(status.counters, status.block_size);
+            writeln!(w, "{v}")?
+        }
         "flush" => {
             tracing::info!("online flush requested through the control socket");
             let mut gone = false;
@@ -303,6 +329,68 @@ fn answer_control(conn: UnixStream, volume: &Volume) -> Result<()> {
         other => writeln!(w, "{}", serde_json::json!({ "error": format!("unknown request '{other}'") }))?,
     }
     Ok(())
+}
+
+/// What `status` shows of the server itself: who, since when, where, and the rates of the
+/// last 10 s and minute (from counters sampled every second).
+struct ServerInfo {
+    pid: u32,
+    started: std::time::Instant,
+    endpoints: Vec<String>,
+    control: PathBuf,
+    nbd_clients: Arc<std::sync::atomic::AtomicUsize>,
+    samples: std::sync::Mutex<std::collections::VecDeque<(std::time::Instant, Counters)>>,
+}
+
+impl ServerInfo {
+    fn sample(&self, c: Counters) {
+        let mut s = self.samples.lock().expect("rate samples");
+        s.push_back((std::time::Instant::now(), c));
+        while s.len() > 61 {
+            s.pop_front();
+        }
+    }
+
+    /// The server's part of the status reply.
+    fn report(&self, now: Counters, block_size: u32) -> serde_json::Value {
+        let samples = self.samples.lock().expect("rate samples");
+        let at = std::time::Instant::now();
+        let bs = f64::from(block_size);
+        let rates = |window: u64| -> serde_json::Value {
+            // The oldest sample within the window (or the oldest there is).
+            let Some((t, then)) = samples.iter().find(|(t, _)| at.duration_since(*t).as_secs() <= window) else {
+                return serde_json::Value::Null;
+            };
+            let secs = at.duration_since(*t).as_secs_f64();
+            if secs < 0.5 {
+                return serde_json::Value::Null;
+            }
+            let round = |x: f64| (x * 10.0).round() / 10.0;
+            let per_s = |a: u64, b: u64| round(a.saturating_sub(b) as f64 / secs);
+            let mib_per_s = |a: u64, b: u64| round(a.saturating_sub(b) as f64 * bs / secs / 1048576.0);
+            let hits = now.read_hit_blocks.saturating_sub(then.read_hit_blocks);
+            let misses = now.read_miss_blocks.saturating_sub(then.read_miss_blocks);
+            serde_json::json!({
+                "seconds": (secs * 10.0).round() / 10.0,
+                "read_requests_per_second": per_s(now.read_requests, then.read_requests),
+                "write_requests_per_second": per_s(now.write_requests, then.write_requests),
+                "flush_requests_per_second": per_s(now.flush_requests, then.flush_requests),
+                "read_mib_per_second": mib_per_s(hits + misses, 0),
+                "write_mib_per_second": mib_per_s(now.written_blocks, then.written_blocks),
+                "written_back_mib_per_second": mib_per_s(now.destaged_blocks, then.destaged_blocks),
+                "read_hit_ratio": if hits + misses > 0 { Some(hits as f64 / (hits + misses) as f64) } else { None },
+            })
+        };
+        serde_json::json!({
+            "pid": self.pid,
+            "uptime_seconds": self.started.elapsed().as_secs(),
+            "endpoints": self.endpoints,
+            "control_socket": self.control,
+            "nbd_clients": self.nbd_clients.load(Ordering::Relaxed),
+            "rates_10s": rates(10),
+            "rates_1min": rates(60),
+        })
+    }
 }
 
 /// The share of time an online flush keeps the devices busy with write-back.

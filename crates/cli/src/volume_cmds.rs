@@ -1,7 +1,6 @@
 //! `create`, `status`, `check` and `flush`: the commands that format and inspect a cache.
 
 use crate::devices::{parse_percent, parse_size, DeviceSpec};
-use crate::report::Table;
 use crate::safety::{self, Contents};
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -212,15 +211,58 @@ pub struct StatusArgs {
     /// one is found from the cache device's UUID).
     #[arg(long, value_name = "PATH")]
     control: Option<std::path::PathBuf>,
-    /// Print the result as JSON (for scripts) instead of text.
+    /// Print the result as JSON (for scripts) instead of text (with --watch: one JSON
+    /// object per line).
     #[arg(long)]
     json: bool,
+    /// Show it again every SECONDS until interrupted (a served volume's rates move).
+    #[arg(long, value_name = "SECONDS", num_args = 0..=1, default_missing_value = "2")]
+    watch: Option<f64>,
 }
 
 pub fn status_cmd(args: StatusArgs) -> Result<()> {
+    let Some(period) = args.watch else {
+        return print_or_quit(&status_once(&args, false)?).map(|_| ());
+    };
+    if !(0.1..=3600.0).contains(&period) {
+        bail!("--watch {period}: the period must be between 0.1 and 3600 seconds");
+    }
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    loop {
+        let mut out = String::new();
+        if tty && !args.json {
+            out.push_str("\x1b[2J\x1b[H"); // clear the screen, cursor home
+        }
+        out.push_str(&status_once(&args, true)?);
+        if !tty && !args.json {
+            out.push('\n');
+        }
+        if !print_or_quit(&out)? {
+            return Ok(()); // the reader went away (`| head`)
+        }
+        std::thread::sleep(std::time::Duration::from_secs_f64(period));
+    }
+}
+
+/// Writes to stdout; false if the reader went away (a closed pipe is not an error here).
+fn print_or_quit(text: &str) -> Result<bool> {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The status report as text (or JSON), for `status_cmd` to print.
+fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
     let spec = DeviceSpec::parse(&args.cache)?;
-    let s: tiercache_engine::Status = match spec.open_read_only("cache") {
-        Ok(cache) => Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?.status(),
+    let print_json = |v: &serde_json::Value| -> Result<String> {
+        Ok(if compact { format!("{v}\n") } else { format!("{}\n", serde_json::to_string_pretty(v)?) })
+    };
+    let (s, server): (tiercache_engine::Status, Option<serde_json::Value>) = match spec.open_read_only("cache") {
+        Ok(cache) => (Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?.status(), None),
         Err(e) if is_locked(&e) => {
             // A server holds the device: ask it.
             let socket = control_socket_of(&spec, args.control.as_deref())?;
@@ -228,21 +270,21 @@ pub fn status_cmd(args: StatusArgs) -> Result<()> {
                 format!("{} is in use, but no tiercache server answers on its control socket", spec.path().display())
             })?;
             if args.json {
-                println!("{}", serde_json::to_string_pretty(&v)?);
-                return Ok(());
+                return print_json(&v);
             }
-            serde_json::from_value(v).context("decoding the server's status")?
+            let server = v.get("server").cloned();
+            (serde_json::from_value(v).context("decoding the server's status")?, server)
         }
         Err(e) => return Err(e),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&s)?);
-        return Ok(());
+        return print_json(&serde_json::to_value(&s)?);
     }
-    let mut t = Table::new(&["", ""]);
+    // Key-value lines, values left-aligned after the longest key.
+    let mut rows: Vec<(&str, String)> = server.as_ref().map(server_rows).unwrap_or_default();
     let pct =
         |a: u64, b: u64| if b == 0 { "0.0 %".to_string() } else { format!("{:.1} %", 100.0 * a as f64 / b as f64) };
-    for (k, v) in [
+    rows.extend([
         ("mode", s.mode.to_string()),
         ("state", s.failure.clone().map_or(s.state.to_string(), |f| format!("{}: {f}", s.state))),
         ("backing (at format)", s.backing_path.clone()),
@@ -287,11 +329,40 @@ pub fn status_cmd(args: StatusArgs) -> Result<()> {
             ),
         ),
         ("log used", format!("{:.1} %", s.log_used_permille as f64 / 10.0)),
-    ] {
-        t.row(vec![k.to_string(), v]);
+    ]);
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    Ok(rows.iter().map(|(k, v)| format!("{k:<width$}  {v}\n")).collect())
+}
+
+/// The server's rows of `status`: pid, uptime, endpoints, clients, recent rates.
+fn server_rows(v: &serde_json::Value) -> Vec<(&'static str, String)> {
+    let up = v["uptime_seconds"].as_u64().unwrap_or(0);
+    let endpoints: Vec<&str> =
+        v["endpoints"].as_array().map(|a| a.iter().filter_map(|e| e.as_str()).collect()).unwrap_or_default();
+    let mut rows = vec![
+        ("served by", format!("pid {}, up {}h{:02}m{:02}s", v["pid"], up / 3600, up / 60 % 60, up % 60)),
+        ("endpoints", endpoints.join(", ")),
+        ("NBD clients", v["nbd_clients"].to_string()),
+    ];
+    for (key, name) in [("rates_10s", "last 10 s"), ("rates_1min", "last minute")] {
+        let r = &v[key];
+        let text = if r.is_null() {
+            "-".to_string()
+        } else {
+            format!(
+                "read {} req/s ({} MiB/s, hits {}), write {} req/s ({} MiB/s), flush {}/s, written back {} MiB/s",
+                r["read_requests_per_second"],
+                r["read_mib_per_second"],
+                r["read_hit_ratio"].as_f64().map_or("-".into(), |h| format!("{:.1} %", 100.0 * h)),
+                r["write_requests_per_second"],
+                r["write_mib_per_second"],
+                r["flush_requests_per_second"],
+                r["written_back_mib_per_second"],
+            )
+        };
+        rows.push((name, text));
     }
-    print!("{}", t.render().lines().skip(1).map(|l| format!("{l}\n")).collect::<String>());
-    Ok(())
+    rows
 }
 
 /// The two devices of a volume, as the commands that attach both take them.

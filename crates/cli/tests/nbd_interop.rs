@@ -313,7 +313,19 @@ fn flush_of_a_served_volume_under_load_interrupted_and_resumed() {
     // 80 MiB dirty: five write-back batches of 4096 blocks, below the 70 % high watermark.
     qemu_io(&s.uri(), &["write -P 0x11 0 80M", "flush"]);
     const DIRTY: u64 = 20480;
-    assert_eq!(status()["dirty_blocks"], DIRTY);
+    let st = status();
+    assert_eq!(st["dirty_blocks"], DIRTY);
+    // The server's own part: who serves, where, for how many clients, at what rates.
+    assert_eq!(st["server"]["pid"], s.child.as_ref().unwrap().id(), "{st}");
+    assert_eq!(st["server"]["endpoints"][0], s.endpoint.as_str(), "{st}");
+    assert_eq!(st["server"]["nbd_clients"], 0, "{st}");
+    // (Rates need counters sampled at least half a second apart.)
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while status()["server"]["rates_1min"].is_null() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let st = status();
+    assert!(st["server"]["rates_1min"]["write_mib_per_second"].as_f64().unwrap() > 0.0, "{st}");
 
     // A flush whose client goes away after the first batch's progress line.
     let mut c = UnixStream::connect(s.control()).unwrap();

@@ -93,7 +93,11 @@ pub struct Config {
     pub description: String,
     /// Requests executed in parallel per connection.
     pub workers_per_connection: usize,
+    /// Most client connections at once (counted across every listener sharing `connections`).
     pub max_connections: usize,
+    /// Open client connections, kept by `serve` (clones of a config share it: `status`
+    /// reports it).
+    pub connections: Arc<AtomicUsize>,
 }
 
 impl Default for Config {
@@ -103,6 +107,7 @@ impl Default for Config {
             description: "tiercache hybrid volume".into(),
             workers_per_connection: 4,
             max_connections: 64,
+            connections: Arc::new(AtomicUsize::new(0)),
         }
     }
 }
@@ -173,7 +178,7 @@ pub fn serve(listener: Listener, backend: Arc<dyn Backend>, config: Config, stop
         Listener::Unix(l) => l.set_nonblocking(true)?,
         Listener::Tcp(l) => l.set_nonblocking(true)?,
     }
-    let active = Arc::new(AtomicUsize::new(0));
+    let active = Arc::clone(&config.connections);
     let budget = Arc::new(Budget { free: Mutex::new(INFLIGHT_BUDGET_BYTES), freed: std::sync::Condvar::new() });
     let mut clients: Vec<(Box<dyn Stream>, std::thread::JoinHandle<()>)> = Vec::new();
     while !stop.load(Ordering::Relaxed) {
