@@ -6,6 +6,7 @@
 use crate::devices::DeviceSpec;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use sd_notify::NotifyState;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -47,6 +48,14 @@ pub struct ServeArgs {
     /// Control socket for `tiercache status` (default: derived from the volume's UUID).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+}
+
+/// Tells the service manager (systemd's `Type=notify`, through `$NOTIFY_SOCKET`) how far the
+/// server got; nothing happens without that variable. A failure to tell is logged, never fatal.
+fn notify(states: &[NotifyState]) {
+    if let Err(e) = sd_notify::notify(false, states) {
+        tracing::warn!(error = %e, "telling the service manager (NOTIFY_SOCKET) failed");
+    }
 }
 
 /// Where the control socket of the volume with this UUID lives by default.
@@ -135,6 +144,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if let Some(dir) = &args.fuse {
         check_mount_dir(dir)?;
     }
+    notify(&[NotifyState::Status("opening the devices and recovering the volume")]);
     let cache = DeviceSpec::parse(&cache_spec)?.open("cache")?;
     let backing = DeviceSpec::parse(&backing_spec)?.open("backing")?;
     let (listeners, bound): (Vec<_>, Vec<_>) =
@@ -197,14 +207,17 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         ),
         None => None,
     };
-    eprintln!(
-        "tiercache: serving {} ({} cached, {} dirty) on {}; control socket {}",
+    let serving = format!(
+        "serving {} ({} cached, {} dirty) on {}; control socket {}",
         cache_spec,
         crate::volume_cmds::human_bytes(status.cached_bytes),
         crate::volume_cmds::human_bytes(status.dirty_bytes),
         endpoints.join(", "),
         control_path.display()
     );
+    eprintln!("tiercache: {serving}");
+    // Recovered, every endpoint bound, FUSE mounted: a unit ordered after this one may start.
+    notify(&[NotifyState::Ready, NotifyState::Status(&serving)]);
     loop {
         while !stop.load(Ordering::Relaxed) {
             match control.accept() {
@@ -250,6 +263,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         break;
     }
     tracing::info!("stopping: disconnecting clients");
+    notify(&[NotifyState::Stopping, NotifyState::Status("stopping: disconnecting clients, making everything durable")]);
     nbd_stop.store(true, Ordering::Relaxed);
     for t in threads {
         if let Ok(Err(e)) = t.join() {
@@ -305,9 +319,13 @@ fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Res
             tracing::info!("online flush requested through the control socket");
             let mut gone = false;
             let r = volume.write_back_all(ONLINE_FLUSH_BUSY_SHARE, |done, remaining| {
+                notify(&[NotifyState::Status(&format!(
+                    "serving; online flush: {done} blocks written back, {remaining} to go"
+                ))]);
                 gone = writeln!(w, "{}", serde_json::json!({ "done": done, "remaining": remaining })).is_err();
                 !gone
             });
+            notify(&[NotifyState::Status("serving")]);
             let reply = match r {
                 Ok(n) if gone => {
                     tracing::info!(
