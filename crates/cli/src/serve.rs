@@ -21,20 +21,34 @@ use tiercache_engine::{Background, Counters, Volume, VolumeOptions};
 Examples:
   tiercache serve --cache /dev/nvme0n1p1 --backing /dev/md0 --nbd unix:/run/tc.sock
   tiercache serve --cache c.img --backing b.img --nbd tcp:10809        (127.0.0.1:10809)
+  tiercache serve --config /etc/tiercache/db.toml                      (see docs/operations.md)
+  tiercache serve --config /etc/tiercache/db.toml --dirty-high 50      (a flag overrides the file)
   qemu-io -f raw nbd+unix:///tiercache?socket=/run/tc.sock -c 'write -P 0xab 0 64k'
 
+A config file is TOML with the flags' names as keys, e.g.:
+  cache = \"/dev/nvme0n1p1\"
+  backing = \"/dev/md0\"
+  nbd = [\"unix:/run/tiercache/db.sock\"]
+  fuse = \"/run/tiercache/db\"
+  dirty_high = 70
+
 Stop with SIGTERM or Ctrl-C: clients are disconnected and everything is made durable.
-`tiercache status --cache DEVICE` works while this runs (through the control socket).")]
+Under systemd (Type=notify) it reports READY=1 once recovered and serving.
+`tiercache status` and `tiercache flush` work while this runs (through the control socket).")]
 pub struct ServeArgs {
+    /// A TOML file with any of the settings below (keys: cache, backing, nbd, fuse,
+    /// export_name, control, dirty_low, dirty_high); flags given as well override it.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
     /// The cache device: PATH, or emulated:PROFILE:PATH.
-    #[arg(long, value_name = "DEVICE", required_unless_present = "passthrough")]
+    #[arg(long, value_name = "DEVICE")]
     cache: Option<String>,
     /// The backing device.
-    #[arg(long, value_name = "DEVICE", required_unless_present = "passthrough")]
+    #[arg(long, value_name = "DEVICE")]
     backing: Option<String>,
     /// Serve DEVICE itself through --fuse, with no cache: the baseline a benchmark compares
     /// the hybrid volume with, through the very same frontend.
-    #[arg(long, value_name = "DEVICE", conflicts_with_all = ["cache", "backing", "nbd"], requires = "fuse")]
+    #[arg(long, value_name = "DEVICE", conflicts_with_all = ["cache", "backing", "nbd", "config"], requires = "fuse")]
     passthrough: Option<String>,
     /// Serve over NBD: unix:SOCKET, tcp:PORT (loopback), or tcp:HOST:PORT. Repeatable.
     #[arg(long, value_name = "ENDPOINT")]
@@ -42,12 +56,81 @@ pub struct ServeArgs {
     /// Serve the volume as the file MOUNTDIR/volume through FUSE (for losetup --direct-io=on).
     #[arg(long, value_name = "MOUNTDIR")]
     fuse: Option<PathBuf>,
-    /// The NBD export name (clients may also ask for "").
-    #[arg(long, default_value = "tiercache")]
-    export_name: String,
-    /// Control socket for `tiercache status` (default: derived from the volume's UUID).
+    /// The NBD export name (clients may also ask for ""). Default: tiercache.
+    #[arg(long)]
+    export_name: Option<String>,
+    /// Control socket for `tiercache status` and `flush` (default: derived from the volume's
+    /// UUID).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// Write-back stops when dirty data falls to this percentage of the cache (default: the
+    /// value given at create, 30).
+    #[arg(long, value_name = "PERCENT")]
+    dirty_low: Option<f64>,
+    /// Write-back starts when dirty data exceeds this percentage of the cache (default: the
+    /// value given at create, 70).
+    #[arg(long, value_name = "PERCENT")]
+    dirty_high: Option<f64>,
+}
+
+/// `serve --config FILE`: the same settings as the flags (unknown keys are errors).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServeConfig {
+    cache: Option<String>,
+    backing: Option<String>,
+    #[serde(default)]
+    nbd: Vec<String>,
+    fuse: Option<PathBuf>,
+    export_name: Option<String>,
+    control: Option<PathBuf>,
+    dirty_low: Option<f64>,
+    dirty_high: Option<f64>,
+}
+
+impl ServeArgs {
+    /// The settings: flags first, then the config file.
+    fn merged(mut self) -> Result<ServeArgs> {
+        let Some(path) = &self.config else { return Ok(self) };
+        let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        // (toml's message names the line and column, and quotes it.)
+        let c: ServeConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        self.cache = self.cache.or(c.cache);
+        self.backing = self.backing.or(c.backing);
+        if self.nbd.is_empty() {
+            self.nbd = c.nbd;
+        }
+        self.fuse = self.fuse.or(c.fuse);
+        self.export_name = self.export_name.or(c.export_name);
+        self.control = self.control.or(c.control);
+        self.dirty_low = self.dirty_low.or(c.dirty_low);
+        self.dirty_high = self.dirty_high.or(c.dirty_high);
+        Ok(self)
+    }
+
+    /// The watermarks to run with, per mille, if any was given (the other one from `sb`).
+    fn watermarks(&self, sb_low: u16, sb_high: u16) -> Result<Option<(u16, u16)>> {
+        if self.dirty_low.is_none() && self.dirty_high.is_none() {
+            return Ok(None);
+        }
+        let permille = |name: &str, v: Option<f64>, recorded: u16| -> Result<u16> {
+            match v {
+                None => Ok(recorded),
+                Some(p) if (0.0..=100.0).contains(&p) => Ok((p * 10.0).round() as u16),
+                Some(p) => bail!("--{name} {p}: a percentage of the cache between 0 and 100"),
+            }
+        };
+        let (low, high) =
+            (permille("dirty-low", self.dirty_low, sb_low)?, permille("dirty-high", self.dirty_high, sb_high)?);
+        if low > high {
+            bail!(
+                "dirty watermarks: low {:.1} % is above high {:.1} % (give both, low <= high)",
+                f64::from(low) / 10.0,
+                f64::from(high) / 10.0
+            );
+        }
+        Ok(Some((low, high)))
+    }
 }
 
 /// Tells the service manager (systemd's `Type=notify`, through `$NOTIFY_SOCKET`) how far the
@@ -137,7 +220,10 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if let Some(spec) = &args.passthrough {
         return passthrough_cmd(spec, args.fuse.as_deref().expect("clap requires --fuse"));
     }
-    let (cache_spec, backing_spec) = (args.cache.clone().expect("clap"), args.backing.clone().expect("clap"));
+    let args = args.merged()?;
+    let (Some(cache_spec), Some(backing_spec)) = (args.cache.clone(), args.backing.clone()) else {
+        bail!("give the cache and backing devices: --cache DEVICE --backing DEVICE (or cache and backing in --config FILE)");
+    };
     if args.nbd.is_empty() && args.fuse.is_none() {
         bail!("nothing to serve: give --nbd ENDPOINT and/or --fuse MOUNTDIR");
     }
@@ -149,7 +235,12 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let backing = DeviceSpec::parse(&backing_spec)?.open("backing")?;
     let (listeners, bound): (Vec<_>, Vec<_>) =
         args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
-    let (volume, report) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
+    let sb = tiercache_engine::read_superblock(&*cache)?;
+    let options = VolumeOptions {
+        dirty_watermarks_permille: args.watermarks(sb.dirty_low_permille, sb.dirty_high_permille)?,
+        ..VolumeOptions::default()
+    };
+    let (volume, report) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), options)?;
     tracing::info!(
         replayed_records = report.replayed_records,
         cached_blocks = report.recovered_blocks,
@@ -166,7 +257,10 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&status.uuid));
     let control = bind_unix(&control_path)?;
     control.set_nonblocking(true)?;
-    let config = tiercache_nbd::Config { export_name: args.export_name.clone(), ..Default::default() };
+    let config = tiercache_nbd::Config {
+        export_name: args.export_name.clone().unwrap_or_else(|| tiercache_nbd::Config::default().export_name),
+        ..Default::default()
+    };
     let mut endpoints = bound.clone();
     if let Some(dir) = &args.fuse {
         endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));

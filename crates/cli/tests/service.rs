@@ -34,9 +34,22 @@ fn serve_tells_the_service_manager_when_it_is_ready_and_when_it_stops() {
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     let nbd = dir.path().join("nbd.sock");
+    // Started the way the shipped unit starts it: from a config file.
+    let config = dir.path().join("volume.toml");
+    let control = dir.path().join("control.sock");
+    std::fs::write(
+        &config,
+        format!(
+            "# a volume\ncache = \"{}\"\nbacking = \"{}\"\nnbd = [\"unix:{}\"]\ncontrol = \"{}\"\ndirty_high = 50\n",
+            cache.display(),
+            backing.display(),
+            nbd.display(),
+            control.display()
+        ),
+    )
+    .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(["serve", "--cache", p(&cache), "--backing", p(&backing)])
-        .args(["--nbd", &format!("unix:{}", nbd.display()), "--control", p(&dir.path().join("control.sock"))])
+        .args(["serve", "--config", p(&config), "--dirty-low", "20"])
         .env("NOTIFY_SOCKET", &notify_path)
         .stderr(Stdio::null())
         .spawn()
@@ -49,6 +62,14 @@ fn serve_tells_the_service_manager_when_it_is_ready_and_when_it_stops() {
     assert!(ready.contains("STATUS=serving"), "{ready:?}");
     // Ready means ready: the endpoint accepts a client at once.
     UnixStream::connect(&nbd).expect("the NBD socket accepts a client as soon as READY=1 is sent");
+    // The watermarks: the file's high one, the flag's low one.
+    let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args(["status", "--cache", p(&cache), "--control", p(&control), "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!((st["dirty_low_permille"].as_u64(), st["dirty_high_permille"].as_u64()), (Some(200), Some(500)), "{st}");
 
     // SAFETY: kill(2) on the PID of a child we own; no memory is passed.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -56,4 +77,21 @@ fn serve_tells_the_service_manager_when_it_is_ready_and_when_it_stops() {
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "after SIGTERM: {stopping:?}");
     let status = child.wait().unwrap();
     assert!(status.success(), "serve exited with {status}");
+}
+
+#[test]
+fn a_bad_config_file_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("volume.toml");
+    for (text, expected) in [
+        ("cache = \"/c\"\nbackign = \"/b\"\n", "line 2"),
+        ("cache = \"/c\"\nbacking = \"/b\"\nnbd = \"unix:/x\"\n", "line 3"),
+        ("nbd = [\"unix:/x\"]\n", "give the cache and backing devices"),
+    ] {
+        std::fs::write(&config, text).unwrap();
+        let out =
+            Command::new(env!("CARGO_BIN_EXE_tiercache")).args(["serve", "--config", p(&config)]).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(expected), "config {text:?}: {err}");
+    }
 }

@@ -92,6 +92,9 @@ pub struct VolumeOptions {
     pub admit_max_request_bytes: u64,
     /// Checkpoint when this share of the log (per mille) was written since the last one.
     pub checkpoint_interval_permille: u64,
+    /// Dirty watermarks (low, high) in per mille of the log for this run, instead of the ones
+    /// recorded at format (`serve --dirty-low/--dirty-high` or its config file).
+    pub dirty_watermarks_permille: Option<(u16, u16)>,
     pub sabotage: Sabotage,
 }
 
@@ -100,6 +103,7 @@ impl Default for VolumeOptions {
         VolumeOptions {
             admit_max_request_bytes: ADMIT_MAX_REQUEST_BYTES,
             checkpoint_interval_permille: CHECKPOINT_INTERVAL_PERMILLE,
+            dirty_watermarks_permille: None,
             sabotage: Sabotage::None,
         }
     }
@@ -386,6 +390,8 @@ pub struct Volume {
     /// superblock lock while holding the state lock).
     dirty_low_blocks: u64,
     dirty_high_blocks: u64,
+    /// The same in per mille of the log (for `status`).
+    watermarks_permille: (u16, u16),
     background: AtomicBool,
     /// The background thread, woken when readers' admissions fill staging. (A std mutex: the
     /// simulator runs no background thread.)
@@ -423,6 +429,10 @@ impl Volume {
         // A record, plus reclaim's reserve, must fit in a small part of the log.
 
         let staging_limit = RECORD_ENTRIES.min((layout.log_blocks / 8) as usize).max(2);
+        let watermarks = options
+            .dirty_watermarks_permille
+            .unwrap_or((r.superblock.dirty_low_permille, r.superblock.dirty_high_permille));
+        assert!(watermarks.0 <= watermarks.1 && watermarks.1 <= 1000, "dirty watermarks {watermarks:?}");
         Volume {
             cache,
             backing,
@@ -469,8 +479,9 @@ impl Volume {
                 counters: Counters::default(),
                 destaging: false,
             }),
-            dirty_low_blocks: layout.log_blocks * u64::from(r.superblock.dirty_low_permille) / 1000,
-            dirty_high_blocks: layout.log_blocks * u64::from(r.superblock.dirty_high_permille) / 1000,
+            dirty_low_blocks: layout.log_blocks * u64::from(watermarks.0) / 1000,
+            dirty_high_blocks: layout.log_blocks * u64::from(watermarks.1) / 1000,
+            watermarks_permille: watermarks,
             superblock: Mutex::new(r.superblock),
             rmw: Mutex::new(()),
             background: AtomicBool::new(false),
@@ -1994,8 +2005,8 @@ impl Volume {
             dirty_blocks: st.index.dirty_len() as u64,
             dirty_bytes: st.index.dirty_len() as u64 * bs,
             staged_blocks: st.staging.data.len() as u64,
-            dirty_low_permille: sb.dirty_low_permille,
-            dirty_high_permille: sb.dirty_high_permille,
+            dirty_low_permille: self.watermarks_permille.0,
+            dirty_high_permille: self.watermarks_permille.1,
             oldest_dirty_age_seconds,
             lost_blocks: st.lost.len() as u64,
             lost_block_numbers: st.lost.keys().copied().take(crate::constants::STATUS_LOST_BLOCKS_LISTED).collect(),
