@@ -1,7 +1,7 @@
 //! `tiercache serve` as a systemd `Type=notify` service, without systemd: the test listens on
 //! the `$NOTIFY_SOCKET` datagram socket the way the service manager does and checks the
 //! protocol: STATUS while recovering, READY=1 only once every endpoint accepts connections,
-//! STOPPING=1 on SIGTERM, and a clean exit.
+//! STOPPING=1 on SIGTERM, and a clean exit. And the shipped units pass `systemd-analyze verify`.
 
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
@@ -94,4 +94,29 @@ fn a_bad_config_file_is_refused_with_its_line() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(expected), "config {text:?}: {err}");
     }
+}
+
+/// The units in contrib/systemd, as instance `db` with the binary this build made.
+#[test]
+fn the_shipped_systemd_units_verify() {
+    let dir = tempfile::tempdir().unwrap();
+    let units = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/systemd");
+    let mut instances = Vec::new();
+    for entry in std::fs::read_dir(&units).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_str().unwrap().to_string();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains("/usr/local/bin/tiercache") || !name.starts_with("tiercache@"), "{name}");
+        let instance = dir.path().join(name.replace("@.", "@db."));
+        std::fs::write(&instance, text.replace("/usr/local/bin/tiercache", env!("CARGO_BIN_EXE_tiercache"))).unwrap();
+        instances.push(instance);
+    }
+    assert!(instances.len() >= 2, "units in {}", units.display());
+    let out = Command::new("systemd-analyze")
+        .arg("verify")
+        .args(&instances)
+        .output()
+        .expect("systemd-analyze is missing: install systemd (scripts/test does)");
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success() && text.trim().is_empty(), "systemd-analyze verify: {text}");
 }
