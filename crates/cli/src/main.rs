@@ -4,6 +4,7 @@
 mod bench;
 mod debug_load;
 mod devices;
+mod metrics;
 mod report;
 mod safety;
 mod serve;

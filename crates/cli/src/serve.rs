@@ -37,7 +37,7 @@ Under systemd (Type=notify) it reports READY=1 once recovered and serving.
 `tiercache status` and `tiercache flush` work while this runs (through the control socket).")]
 pub struct ServeArgs {
     /// A TOML file with any of the settings below (keys: cache, backing, nbd, fuse,
-    /// export_name, control, dirty_low, dirty_high); flags given as well override it.
+    /// export_name, control, metrics, dirty_low, dirty_high); flags given as well override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// The cache device: PATH, or emulated:PROFILE:PATH.
@@ -63,6 +63,10 @@ pub struct ServeArgs {
     /// UUID).
     #[arg(long, value_name = "PATH")]
     control: Option<PathBuf>,
+    /// Serve Prometheus metrics (counters, gauges, request latency histograms) at
+    /// http://ADDR/metrics, e.g. 127.0.0.1:9560 (port 0: any free port, reported at start).
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<String>,
     /// Write-back stops when dirty data falls to this percentage of the cache (default: the
     /// value given at create, 30).
     #[arg(long, value_name = "PERCENT")]
@@ -84,6 +88,7 @@ struct ServeConfig {
     fuse: Option<PathBuf>,
     export_name: Option<String>,
     control: Option<PathBuf>,
+    metrics: Option<String>,
     dirty_low: Option<f64>,
     dirty_high: Option<f64>,
 }
@@ -103,6 +108,7 @@ impl ServeArgs {
         self.fuse = self.fuse.or(c.fuse);
         self.export_name = self.export_name.or(c.export_name);
         self.control = self.control.or(c.control);
+        self.metrics = self.metrics.or(c.metrics);
         self.dirty_low = self.dirty_low.or(c.dirty_low);
         self.dirty_high = self.dirty_high.or(c.dirty_high);
         Ok(self)
@@ -265,6 +271,18 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if let Some(dir) = &args.fuse {
         endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
     }
+    // The frontends' view of the volume: timed when metrics are served.
+    let (nbd_backend, fuse_backend): (Arc<dyn tiercache_nbd::Backend>, Arc<dyn tiercache_fuse::FileBackend>) =
+        match &args.metrics {
+            Some(addr) => {
+                let (observed, bound) =
+                    crate::metrics::start(addr, &volume, Arc::clone(&config.connections), Arc::clone(&stop))?;
+                tracing::info!(address = %bound, "serving metrics");
+                endpoints.push(format!("metrics http://{bound}/metrics"));
+                (Arc::clone(&observed) as _, observed as _)
+            }
+            None => (Arc::clone(&volume) as _, Arc::clone(&volume) as _),
+        };
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
         started: std::time::Instant::now(),
@@ -289,14 +307,13 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let mut threads = Vec::new();
     let nbd_stop = Arc::new(AtomicBool::new(false));
     for (endpoint, listener) in bound.iter().zip(listeners) {
-        let (backend, config, stop) =
-            (Arc::clone(&volume) as Arc<dyn tiercache_nbd::Backend>, config.clone(), Arc::clone(&nbd_stop));
+        let (backend, config, stop) = (Arc::clone(&nbd_backend), config.clone(), Arc::clone(&nbd_stop));
         tracing::info!(%endpoint, export = %config.export_name, "serving NBD");
         threads.push(std::thread::spawn(move || tiercache_nbd::serve(listener, backend, config, stop)));
     }
     let mut fuse_session = match &args.fuse {
         Some(dir) => Some(
-            tiercache_fuse::mount(Arc::clone(&volume) as Arc<dyn tiercache_fuse::FileBackend>, dir)
+            tiercache_fuse::mount(Arc::clone(&fuse_backend), dir)
                 .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
         ),
         None => None,

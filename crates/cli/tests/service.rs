@@ -120,3 +120,127 @@ fn the_shipped_systemd_units_verify() {
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
     assert!(out.status.success() && text.trim().is_empty(), "systemd-analyze verify: {text}");
 }
+
+/// One HTTP GET on loopback; the body.
+fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(c, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    c.read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.") && head.contains(" 200 "), "GET {path}: {head}");
+    body.to_string()
+}
+
+/// Parses an exposition with the Prometheus project's own Python parser (Debian's
+/// python3-prometheus-client) and returns "name value" lines of its samples.
+fn parse_with_prometheus_client(text: &str) -> String {
+    use std::io::Write;
+    let mut child = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families\n\
+             for f in text_string_to_metric_families(sys.stdin.read()):\n    for s in f.samples:\n        print(s.name, dict(s.labels), s.value)",
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python3 with prometheus_client (scripts/test installs python3-prometheus-client)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the Prometheus parser refused the metrics: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn sample(parsed: &str, name: &str) -> f64 {
+    parsed
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} {{}} ")))
+        .unwrap_or_else(|| panic!("no {name} in {parsed}"))
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn metrics_parse_as_prometheus_and_move_under_load() {
+    use std::io::{BufRead, BufReader};
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, backing) = (dir.path().join("cache.img"), dir.path().join("backing.img"));
+    std::fs::File::create(&backing).unwrap().set_len(64 << 20).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args(["create", "--cache", p(&cache), "--cache-size", "16M", "--backing", p(&backing)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let nbd = dir.path().join("nbd.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args(["serve", "--cache", p(&cache), "--backing", p(&backing), "--metrics", "127.0.0.1:0"])
+        .args(["--nbd", &format!("unix:{}", nbd.display()), "--control", p(&dir.path().join("control.sock"))])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // The serving line names the metrics address it got.
+    let mut stderr = BufReader::new(child.stderr.take().unwrap());
+    let addr = loop {
+        let mut line = String::new();
+        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended before serving");
+        if let Some(rest) = line.split("metrics http://").nth(1) {
+            break rest.split('/').next().unwrap().to_string();
+        }
+    };
+    std::thread::spawn(move || for _ in stderr.lines() {}); // keep the pipe drained
+
+    let before = parse_with_prometheus_client(&http_get(&addr, "/metrics"));
+    let uri = format!("nbd+unix:///tiercache?socket={}", nbd.display());
+    let out = Command::new("qemu-io")
+        .args(["-f", "raw", &uri, "-c", "write -P 0x5a 0 1M", "-c", "flush", "-c", "read -P 0x5a 0 1M"])
+        .output()
+        .expect("qemu-io (qemu-utils)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let after = parse_with_prometheus_client(&http_get(&addr, "/metrics"));
+    for name in ["tiercache_write_requests_total", "tiercache_flush_requests_total", "tiercache_read_requests_total"] {
+        assert!(sample(&after, name) > sample(&before, name), "{name} did not move: {after}");
+    }
+    assert!(sample(&after, "tiercache_dirty_bytes") >= 1048576.0, "{after}");
+    assert_eq!(sample(&after, "tiercache_lost_blocks"), 0.0);
+    assert!(after.contains("tiercache_request_latency_seconds_count {'op': 'write'}"), "{after}");
+
+    // SAFETY: kill(2) on the PID of a child we own; no memory is passed.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+}
+
+/// The example Grafana dashboard is valid JSON and every metric its queries name is one
+/// `serve --metrics` exports (a renamed metric would leave a panel empty).
+#[test]
+fn the_grafana_dashboard_queries_exported_metrics() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../contrib/grafana/tiercache.json");
+    let dash: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let source = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("src/metrics.rs")).unwrap();
+    let mut seen = 0;
+    for panel in dash["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for word in expr.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_')) {
+                let Some(name) = word.strip_prefix("tiercache_") else { continue };
+                let base = ["_total", "_bytes", "_seconds_bucket", "_seconds"]
+                    .iter()
+                    .find_map(|suffix| name.strip_suffix(suffix))
+                    .unwrap_or(name);
+                assert!(
+                    source.contains(&format!("\"{base}\"")) || source.contains(&format!("\"tiercache_{base}\"")),
+                    "{expr}: tiercache_{name} is not exported"
+                );
+                seen += 1;
+            }
+        }
+    }
+    assert!(seen >= 10, "the dashboard queries {seen} metrics");
+}

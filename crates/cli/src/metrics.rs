@@ -1,0 +1,183 @@
+//! `serve --metrics ADDR`: the volume's counters, gauges and request latency histograms in the
+//! Prometheus/OpenMetrics text format at `http://ADDR/metrics`, encoded by the
+//! `prometheus-client` crate and served by `tiny_http` (a scrape endpoint needs nothing more
+//! than one GET). Counters and gauges are read from `Volume::status()` at each scrape (a
+//! collector); latencies are observed by `Observed`, the frontends' view of the volume.
+
+use anyhow::{Context, Result};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::{Registry, Unit};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Instant;
+use tiercache_engine::Volume;
+
+/// The request kinds a latency is recorded for.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Op {
+    op: &'static str,
+}
+
+/// Request latencies, by kind: 10 µs to about 10 s.
+pub type Latencies = Family<Op, Histogram>;
+
+fn new_latencies() -> Latencies {
+    Family::new_with_constructor(|| Histogram::new(exponential_buckets(10e-6, 2.0, 21)))
+}
+
+/// The volume as the frontends use it, timing every request.
+pub struct Observed {
+    volume: Arc<Volume>,
+    latency: Latencies,
+}
+
+impl Observed {
+    fn time<T>(&self, op: &'static str, f: impl FnOnce(&Volume) -> T) -> T {
+        let t = Instant::now();
+        let r = f(&self.volume);
+        self.latency.get_or_create(&Op { op }).observe(t.elapsed().as_secs_f64());
+        r
+    }
+}
+
+impl tiercache_nbd::Backend for Observed {
+    fn size_bytes(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+    fn block_size(&self) -> u32 {
+        self.volume.block_size()
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
+        self.time("read", |v| tiercache_nbd::Backend::read(v, offset, buf))
+    }
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
+        self.time("write", |v| tiercache_nbd::Backend::write(v, offset, data, fua))
+    }
+    fn flush(&self) -> Result<(), u32> {
+        self.time("flush", tiercache_nbd::Backend::flush)
+    }
+    fn trim(&self, offset: u64, len: u64) -> Result<(), u32> {
+        self.time("trim", |v| tiercache_nbd::Backend::trim(v, offset, len))
+    }
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
+        self.time("write_zeroes", |v| tiercache_nbd::Backend::write_zeroes(v, offset, len, fua))
+    }
+}
+
+impl tiercache_fuse::FileBackend for Observed {
+    fn size_bytes(&self) -> u64 {
+        self.volume.size_bytes()
+    }
+    fn block_size(&self) -> u32 {
+        self.volume.block_size()
+    }
+    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
+        self.time("read", |v| tiercache_fuse::FileBackend::read_bytes(v, offset, buf))
+    }
+    fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), i32> {
+        self.time("write", |v| tiercache_fuse::FileBackend::write_bytes(v, offset, data))
+    }
+    fn flush(&self) -> Result<(), i32> {
+        self.time("flush", tiercache_fuse::FileBackend::flush)
+    }
+}
+
+/// Counters and gauges read from the volume at each scrape.
+#[derive(Debug)]
+struct VolumeCollector {
+    volume: Weak<Volume>,
+    nbd_clients: Arc<AtomicUsize>,
+}
+
+impl Collector for VolumeCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let Some(volume) = self.volume.upgrade() else { return Ok(()) };
+        let s = volume.status();
+        let c = s.counters;
+        let bs = u64::from(s.block_size);
+        let counters: [(&str, &str, u64); 16] = [
+            ("read_requests", "Read requests served", c.read_requests),
+            ("write_requests", "Write requests served", c.write_requests),
+            ("flush_requests", "FLUSH requests served", c.flush_requests),
+            ("read_hit_blocks", "Blocks read from the cache (RAM or cache device)", c.read_hit_blocks),
+            ("read_miss_blocks", "Blocks read from the backing device", c.read_miss_blocks),
+            ("admitted_blocks", "Blocks read from the backing device and admitted into the cache", c.admitted_blocks),
+            ("evicted_blocks", "Clean blocks evicted by reclaim", c.evicted_blocks),
+            ("written_back_blocks", "Dirty blocks written back to the backing device", c.destaged_blocks),
+            ("copied_forward_blocks", "Dirty blocks reclaim moved to the log tail instead", c.copied_forward_blocks),
+            ("records_written", "Log records written to the cache device", c.records_written),
+            ("cache_flushes", "Flushes of the cache device", c.cache_flushes),
+            ("backing_flushes", "Flushes of the backing device", c.backing_flushes),
+            ("checkpoints", "Checkpoints written", c.checkpoints),
+            ("repaired_blocks", "Cached copies found bad and replaced from the backing device", c.repaired_blocks),
+            ("throttled_writes", "Writes delayed because dirty data was above the high watermark", c.throttled_writes),
+            ("written_blocks", "Blocks written by clients", c.written_blocks),
+        ];
+        for (name, help, v) in counters {
+            let m = ConstCounter::new(v);
+            m.encode(encoder.encode_descriptor(&format!("tiercache_{name}"), help, None, m.metric_type())?)?;
+        }
+        let gauges: [(&str, &str, Option<&Unit>, i64); 6] = [
+            ("cached", "Data in the cache", Some(&Unit::Bytes), (s.cached_blocks * bs) as i64),
+            ("dirty", "Data in the cache not yet written back", Some(&Unit::Bytes), (s.dirty_blocks * bs) as i64),
+            ("cache_capacity", "Size of the cache's log", Some(&Unit::Bytes), s.log_bytes as i64),
+            ("lost_blocks", "Blocks whose only copy failed its checksum (must be 0)", None, s.lost_blocks as i64),
+            ("failed", "1 if the volume failed and refuses writes", None, i64::from(s.failure.is_some())),
+            ("nbd_clients", "Open NBD client connections", None, self.nbd_clients.load(Ordering::Relaxed) as i64),
+        ];
+        for (name, help, unit, v) in gauges {
+            let m = ConstGauge::new(v);
+            m.encode(encoder.encode_descriptor(&format!("tiercache_{name}"), help, unit, m.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Wraps `volume` for the frontends (timing requests) and starts the HTTP endpoint at `addr`;
+/// serves until `stop` is set.
+pub fn start(
+    addr: &str,
+    volume: &Arc<Volume>,
+    nbd_clients: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+) -> Result<(Arc<Observed>, String)> {
+    let latency = new_latencies();
+    let mut registry = Registry::default();
+    registry.register_with_unit(
+        "tiercache_request_latency",
+        "Latency of client requests through the frontends, by kind",
+        Unit::Seconds,
+        latency.clone(),
+    );
+    registry.register_collector(Box::new(VolumeCollector { volume: Arc::downgrade(volume), nbd_clients }));
+    let server = tiny_http::Server::http(addr).map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?;
+    let bound = server.server_addr().to_ip().map_or_else(|| addr.to_string(), |a| a.to_string());
+    std::thread::Builder::new()
+        .name("tiercache-metrics".into())
+        .spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let Ok(Some(request)) = server.recv_timeout(std::time::Duration::from_millis(200)) else { continue };
+                let response = if request.url() == "/metrics" {
+                    let mut body = String::new();
+                    match prometheus_client::encoding::text::encode(&mut body, &registry) {
+                        Ok(()) => tiny_http::Response::from_string(body).with_header(
+                            "Content-Type: application/openmetrics-text; version=1.0.0; charset=utf-8"
+                                .parse::<tiny_http::Header>()
+                                .expect("a valid header"),
+                        ),
+                        Err(_) => tiny_http::Response::from_string("encoding failed").with_status_code(500),
+                    }
+                } else {
+                    tiny_http::Response::from_string("tiercache: metrics are at /metrics\n").with_status_code(404)
+                };
+                let _ = request.respond(response);
+            }
+        })
+        .context("starting the metrics thread")?;
+    Ok((Arc::new(Observed { volume: Arc::clone(volume), latency }), bound))
+}
