@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real database on three volumes, side by side (SEEDS.md §1, on this machine's devices):
+# A real database on three volumes, side by side (docs/seeds.md §1, on this machine's devices):
 #
 #   fast    the raw cache file alone                   tiercache serve --passthrough FILE
 #   slow    the emulated slow backing device alone     tiercache serve --passthrough emulated:PROFILE:FILE

@@ -79,7 +79,7 @@ pub const PROFILES: &[Profile] = &[
     Profile {
         name: "optane",
         summary: "Intel Optane SSD DC P4800X class: ~10 us access, ~20,000 fsync/s",
-        source: "SEEDS.md §2 (Optane, ext4: 20,000-21,200 fsync/s, 0.047-0.050 ms); P4800X datasheet (10 us read/write latency, 2.5/2.2 GB/s)",
+        source: "docs/seeds.md §2 (Optane, ext4: 20,000-21,200 fsync/s, 0.047-0.050 ms); P4800X datasheet (10 us read/write latency, 2.5/2.2 GB/s)",
         read_latency_ns: 10 * US,
         write_latency_ns: 10 * US,
         flush_latency_ns: 38 * US,
@@ -93,7 +93,7 @@ pub const PROFILES: &[Profile] = &[
     Profile {
         name: "nvme",
         summary: "NAND NVMe SSD, Intel P3700 class: ~85 us reads, ~7,300 fsync/s",
-        source: "SEEDS.md §2 (NAND NVMe P3700: 7,300 fsync/s); P3700 datasheet (2.8/1.9 GB/s, 20 us write to its power-protected buffer); ~85 us QD1 4 KiB random read as commonly measured",
+        source: "docs/seeds.md §2 (NAND NVMe P3700: 7,300 fsync/s); P3700 datasheet (2.8/1.9 GB/s, 20 us write to its power-protected buffer); ~85 us QD1 4 KiB random read as commonly measured",
         read_latency_ns: 85 * US,
         write_latency_ns: 20 * US,
         flush_latency_ns: 114_800,
@@ -107,7 +107,7 @@ pub const PROFILES: &[Profile] = &[
     Profile {
         name: "sata-raid5",
         summary: "md RAID5 of 3 SATA SSDs: ~120 us reads, read-modify-write writes, ~1,000 fsync/s",
-        source: "estimate for SEEDS.md §1's baseline volume: SATA SSD 4 KiB read ~100-120 us and ~500 MB/s per drive (Intel S3520 class); a partial-stripe write reads then writes data and parity (~250 us); a flush empties three drives' volatile caches (~750 us); the seeds give no fsync figure",
+        source: "estimate for docs/seeds.md §1's baseline volume: SATA SSD 4 KiB read ~100-120 us and ~500 MB/s per drive (Intel S3520 class); a partial-stripe write reads then writes data and parity (~250 us); a flush empties three drives' volatile caches (~750 us); the seeds give no fsync figure",
         read_latency_ns: 120 * US,
         write_latency_ns: 245 * US,
         flush_latency_ns: 750 * US,
@@ -135,7 +135,7 @@ pub const PROFILES: &[Profile] = &[
     Profile {
         name: "usb-disk",
         summary: "5,400 rpm disk behind a USB-SATA bridge: ~13 fsync/s, ~77 ms each",
-        source: "SEEDS.md §2 (slow USB SATA disk alone: 13 fsync/s, 75 ms); 5,400 rpm mechanics (1 ms track-to-track, 14 ms full stroke, 11.1 ms rotation), ~35 MB/s through USB 2.0, 0.5 ms per command; the flush (drive cache through the bridge) takes the rest of the 75 ms",
+        source: "docs/seeds.md §2 (slow USB SATA disk alone: 13 fsync/s, 75 ms); 5,400 rpm mechanics (1 ms track-to-track, 14 ms full stroke, 11.1 ms rotation), ~35 MB/s through USB 2.0, 0.5 ms per command; the flush (drive cache through the bridge) takes the rest of the 75 ms",
         read_latency_ns: 500 * US,
         write_latency_ns: 500 * US,
         flush_latency_ns: 69_700 * US,

@@ -14,7 +14,7 @@
 //!
 //! Written by hand rather than with `hashbrown`: a generic map needs the key in the table and
 //! a power-of-two capacity (13 to 30 bytes per entry), and the compact index is this
-//! product's own value (DESIGN.md).
+//! product's own value (docs/design.md).
 
 use tiercache_format::constants::MAX_BACKING_BLOCKS;
 

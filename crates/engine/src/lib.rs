@@ -1,7 +1,7 @@
 //! tiercache's engine: the hybrid volume.
 //!
 //! A small fast cache device in front of a big slow backing device, as one volume that
-//! behaves like a disk with a volatile write cache (DESIGN.md, "Semantics"):
+//! behaves like a disk with a volatile write cache (docs/design.md, "Semantics"):
 //! writes land in a log on the cache device, a FLUSH costs one record write and one
 //! cache-device flush, a destager writes dirty blocks back in address order, and after any
 //! crash the whole index (clean and dirty) is rebuilt from the cache device alone.

@@ -10,7 +10,7 @@
 //! commit protocol's steps (between a record write and its flush, between a reclaim marker
 //! and the overwrite, between a backing write and its flush...).
 //!
-//! The oracle (DESIGN.md's contract): before a crash a read returns exactly the newest
+//! The oracle (docs/design.md's contract): before a crash a read returns exactly the newest
 //! completed write; after a crash each block reads as its last flushed version or a newer
 //! completed one. Every block carries its block number and a version stamp, so a read of
 //! another block's data, a torn block or garbage is told apart from a stale version.

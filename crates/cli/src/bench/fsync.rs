@@ -1,4 +1,4 @@
-//! `tiercache bench fsync`: SEEDS.md §2 as a command. Each target runs "write 4 KiB at
+//! `tiercache bench fsync`: docs/seeds.md §2 as a command. Each target runs "write 4 KiB at
 //! offset 0, flush" in a loop for `--seconds`; every iteration's latency goes into a
 //! histogram. The rate is iterations divided by the loop's wall time.
 

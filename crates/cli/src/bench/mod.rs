@@ -1,4 +1,4 @@
-//! `tiercache bench ...`: the experiments of SEEDS.md as product features. Every benchmark
+//! `tiercache bench ...`: the experiments of docs/seeds.md as product features. Every benchmark
 //! measures its targets side by side in one run, so ratios stay meaningful on a noisy machine.
 
 mod fsync;
@@ -10,7 +10,7 @@ use clap::Subcommand;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
-    /// The fsync experiment (SEEDS.md §2): "write 4 KiB, flush" in a loop on each target.
+    /// The fsync experiment (docs/seeds.md §2): "write 4 KiB, flush" in a loop on each target.
     ///
     /// Reports fsyncs per second and latency percentiles. With no --target it runs the
     /// default matrix on emulated devices (optane, nvme, usb-disk), reproducing the seed
