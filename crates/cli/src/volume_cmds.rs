@@ -203,6 +203,14 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  tiercache status --cache /var/tc/cache.img               cached, dirty, hit ratio, lost blocks
+  tiercache status --cache /dev/nvme0n1p4 --watch 2        a served volume, again every 2 s
+  tiercache status --cache /dev/nvme0n1p4 --json | jq .dirty_bytes
+  tiercache status --cache c.img --control /run/tc/ctl.sock   a server started with --control
+
+Reads the cache device only, read-only; while a server holds it, asks the server.")]
 pub struct StatusArgs {
     /// The cache device: PATH, or emulated:PROFILE:PATH.
     #[arg(long, value_name = "DEVICE")]
@@ -383,6 +391,13 @@ impl VolumeDevices {
 }
 
 #[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  tiercache check --cache /var/tc/cache.img --backing /dev/sdb
+  tiercache check --cache /var/tc/cache.img --backing /dev/sdb --json
+
+Verifies the log chain, every cached block's checksum, and clean blocks against the backing
+device; exits non-zero naming the problems. Needs the devices to itself (stop the server).")]
 pub struct CheckArgs {
     #[command(flatten)]
     devices: VolumeDevices,

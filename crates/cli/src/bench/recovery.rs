@@ -21,7 +21,7 @@ use tiercache_engine::{Volume, VolumeOptions};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
-Example:
+Examples:
   tiercache bench recovery --cached 1G --dirty-percent 50      files in the temporary directory
   tiercache bench recovery --dir /mnt/fast --json")]
 pub struct RecoveryArgs {
