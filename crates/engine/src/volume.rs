@@ -1555,21 +1555,35 @@ impl Volume {
     /// Incremental: each slot is looked at once (in RAM, through the index's reverse map).
     /// Returns how many blocks were written back.
     pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
+        self.preclean(max_blocks, false)
+    }
+
+    /// `destage_oldest`; with `dense_only`, a segment-sized stretch is written back only if
+    /// it holds more dirty blocks than reclaim would copy forward: a sparsely dirty stretch
+    /// costs reclaim one cache read and write of its few dirty blocks, less than a write-back
+    /// (the pre-cleaner below the watermark chooses the cheaper of the two this way).
+    fn preclean(&self, max_blocks: usize, dense_only: bool) -> Result<usize> {
         let _cursor = self.destage.lock().expect("destage lock");
         let (batch, until) = {
             let st = self.lock();
             st.check_poisoned()?;
             let window_end = st.head + self.preclean_horizon(&st);
             let (from, until) = (st.precleaned_until.max(st.head), window_end.min(st.written_tail));
+            let stretch = if dense_only { u64::from(self.layout.segment_blocks) } else { 1 };
             let mut batch = Vec::new();
             let mut pos = from;
             while pos < until && batch.len() < max_blocks {
-                if let Some((block, entry)) = st.index.owner(self.layout.slot(pos)) {
-                    if entry.dirty {
-                        batch.push(Picked { block, entry, position: pos });
-                    }
+                let end = (pos + stretch).min(until);
+                let dirty: Vec<Picked> = (pos..end)
+                    .filter_map(|position| {
+                        let (block, entry) = st.index.owner(self.layout.slot(position))?;
+                        entry.dirty.then_some(Picked { block, entry, position })
+                    })
+                    .collect();
+                if !dense_only || dirty.len() > self.copy_forward_max() {
+                    batch.extend(dirty);
                 }
-                pos += 1;
+                pos = end;
             }
             (batch, pos)
         };
@@ -1581,8 +1595,9 @@ impl Volume {
 
     /// How far ahead of the log head the pre-cleaner keeps the log clean: as many blocks as
     /// were written in the last `PRECLEAN_HORIZON_MS` (so write-back starts as far ahead of
-    /// the writer as the writer's own pace), at least `PRECLEAN_SEGMENTS` segments, at most a
-    /// quarter of the log beyond that.
+    /// the writer as the writer's own pace), capped at a quarter of the log, and never less
+    /// than `PRECLEAN_SEGMENTS` segments (on a log of fewer than 16 segments that floor is more
+    /// than a quarter: a small log is pre-cleaned further ahead, as before the horizon).
     fn preclean_horizon(&self, st: &State) -> u64 {
         let since = self.clock.now_ns().saturating_sub(PRECLEAN_HORIZON_MS * 1_000_000);
         let k = st.age_samples.partition_point(|&(_, t)| t < since);
@@ -1928,15 +1943,16 @@ impl Volume {
             return Ok(());
         }
         // Below the watermark dirty data stays cached, except where the writer is about to
-        // need its space: the head's dirty blocks within the horizon are written back ahead
-        // of it (large sorted batches, off the writer's path), so reclaim finds them clean
-        // instead of writing them back itself, segment by segment, while writers wait.
+        // need its space: the head's densely dirty stretches within the horizon are written
+        // back ahead of it (large sorted batches, off the writer's path), so reclaim finds
+        // them clean instead of writing them back itself, segment by segment, while writers
+        // wait; sparsely dirty ones are left to reclaim's copy-forward, which costs less.
         for _ in 0..PRECLEAN_BATCHES_PER_TICK {
             let short = {
                 let st = self.lock();
                 st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st)
             };
-            if !short || self.destage_oldest(DESTAGE_BATCH_BLOCKS)? == 0 {
+            if !short || self.preclean(DESTAGE_BATCH_BLOCKS, true)? == 0 {
                 break;
             }
         }
