@@ -407,7 +407,26 @@ pub struct CheckArgs {
 }
 
 pub fn check_cmd(args: CheckArgs) -> Result<()> {
-    let (cache, backing) = args.devices.open()?;
+    let (cache, backing) = match args.devices.open() {
+        Ok(devices) => devices,
+        Err(e) if is_locked(&e) => {
+            // Say who holds it and what to do instead.
+            let spec = DeviceSpec::parse(&args.devices.cache)?;
+            let server = control_socket_of(&spec, None)
+                .ok()
+                .and_then(|socket| crate::serve::query_status(&socket))
+                .and_then(|v| v["server"]["pid"].as_u64());
+            match server {
+                Some(pid) => bail!(
+                    "{} is served by tiercache (pid {pid}): `check` reads every block and needs the devices to itself, so it does not run under a live volume; `tiercache status --cache {}` shows the live state (lost blocks included), and stopping the server first lets `check` run",
+                    spec.path().display(),
+                    args.devices.cache
+                ),
+                None => return Err(e),
+            }
+        }
+        Err(e) => return Err(e),
+    };
     let volume = Volume::inspect(cache, Some(backing), Arc::new(MonotonicClock::new()))?;
     let pb = progress("checking", args.json);
     let report = volume.verify(true, |done, total| {

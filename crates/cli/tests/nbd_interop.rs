@@ -175,6 +175,20 @@ fn qemu_io_nbdinfo_nbdcopy_sigkill_restart_and_sigterm() {
     assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
     let st: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
     assert!(st["dirty_blocks"].as_u64().unwrap() > 0, "{st}");
+    // `check` does not run under a live volume, and says who holds it.
+    let check = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args([
+            "check",
+            "--cache",
+            p(&s.dir.path().join("cache.img")),
+            "--backing",
+            p(&s.dir.path().join("backing.img")),
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&check.stderr);
+    let pid = s.child.as_ref().unwrap().id();
+    assert!(!check.status.success() && err.contains(&format!("is served by tiercache (pid {pid})")), "{err}");
 
     s.kill9();
     s.spawn();
