@@ -385,8 +385,14 @@ pub struct VolumeDevices {
 }
 
 impl VolumeDevices {
-    fn open(&self) -> Result<(Arc<dyn tiercache_device::BlockDevice>, Arc<dyn tiercache_device::BlockDevice>)> {
-        Ok((DeviceSpec::parse(&self.cache)?.open("cache")?, DeviceSpec::parse(&self.backing)?.open("backing")?))
+    /// Both devices, read-only (what `check` needs: it writes nothing).
+    fn open_read_only(
+        &self,
+    ) -> Result<(Arc<dyn tiercache_device::BlockDevice>, Arc<dyn tiercache_device::BlockDevice>)> {
+        Ok((
+            DeviceSpec::parse(&self.cache)?.open_read_only("cache")?,
+            DeviceSpec::parse(&self.backing)?.open_read_only("backing")?,
+        ))
     }
 }
 
@@ -397,7 +403,8 @@ Examples:
   tiercache check --cache /var/tc/cache.img --backing /dev/sdb --json
 
 Verifies the log chain, every cached block's checksum, and clean blocks against the backing
-device; exits non-zero naming the problems. Needs the devices to itself (stop the server).")]
+device; exits non-zero naming the problems. Opens both devices read-only and writes nothing;
+needs them to itself (stop the server).")]
 pub struct CheckArgs {
     #[command(flatten)]
     devices: VolumeDevices,
@@ -407,7 +414,7 @@ pub struct CheckArgs {
 }
 
 pub fn check_cmd(args: CheckArgs) -> Result<()> {
-    let (cache, backing) = match args.devices.open() {
+    let (cache, backing) = match args.devices.open_read_only() {
         Ok(devices) => devices,
         Err(e) if is_locked(&e) => {
             // Say who holds it and what to do instead.

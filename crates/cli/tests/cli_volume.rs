@@ -357,7 +357,7 @@ fn serve_refuses_a_non_empty_mount_directory_and_names_the_port_it_got() {
 
 /// `status` only looks: it works on a read-only copy of a cache and changes nothing.
 #[test]
-fn status_reads_a_read_only_copy_of_a_cache() {
+fn status_and_check_read_a_read_only_copy_of_a_cache() {
     use std::os::unix::fs::PermissionsExt;
     let f = files();
     create(&f);
@@ -370,6 +370,15 @@ fn status_reads_a_read_only_copy_of_a_cache() {
     assert_eq!(st["state"], "ok");
     assert!(st["dirty_blocks"].as_u64().unwrap() > 0, "{st}");
     assert_eq!(before, sha(&copy), "status changed a read-only copy");
+    // So does check, with the backing device read-only too.
+    let backing_copy = f.backing.with_file_name("backing-copy.img");
+    std::fs::copy(&f.backing, &backing_copy).unwrap();
+    std::fs::set_permissions(&backing_copy, std::fs::Permissions::from_mode(0o444)).unwrap();
+    let backing_before = sha(&backing_copy);
+    let check: serde_json::Value =
+        serde_json::from_str(&ok(&["check", "--cache", s(&copy), "--backing", s(&backing_copy), "--json"])).unwrap();
+    assert_eq!(check["bad_dirty_blocks"], 0, "{check}");
+    assert_eq!((before, backing_before), (sha(&copy), sha(&backing_copy)), "check changed a read-only copy");
     // Writing commands still refuse it, by name.
     fails_with(&["flush", "--cache", s(&copy), "--backing", s(&f.backing)], "no write permission");
 }
