@@ -30,17 +30,55 @@ fn new_latencies() -> Latencies {
     Family::new_with_constructor(|| Histogram::new(exponential_buckets(10e-6, 2.0, 21)))
 }
 
-/// The volume as the frontends use it, timing every request.
+/// Cumulative latency histograms (µs) of reads, writes and flushes, which `status` turns into
+/// percentiles over its windows by subtracting an older snapshot.
+pub struct RecentLatency {
+    kinds: [std::sync::Mutex<hdrhistogram::Histogram<u64>>; 3],
+}
+
+impl RecentLatency {
+    pub const KINDS: [&'static str; 3] = ["read", "write", "flush"];
+
+    fn new() -> RecentLatency {
+        let h =
+            || std::sync::Mutex::new(hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 2).expect("bounds"));
+        RecentLatency { kinds: [h(), h(), h()] }
+    }
+
+    fn record(&self, op: &str, micros: u64) {
+        if let Some(k) = Self::KINDS.iter().position(|&o| o == op) {
+            self.kinds[k].lock().expect("latency histogram").saturating_record(micros.max(1));
+        }
+    }
+
+    /// Copies of the three histograms now.
+    pub fn snapshot(&self) -> [hdrhistogram::Histogram<u64>; 3] {
+        std::array::from_fn(|k| self.kinds[k].lock().expect("latency histogram").clone())
+    }
+}
+
+/// The volume as the frontends use it, timing every request: always for `status`, and into
+/// Prometheus histograms with `--metrics`.
 pub struct Observed {
     volume: Arc<Volume>,
-    latency: Latencies,
+    latency: Option<Latencies>,
+    pub recent: RecentLatency,
 }
 
 impl Observed {
+    /// Without metrics.
+    pub fn new(volume: &Arc<Volume>) -> Arc<Observed> {
+        Arc::new(Observed { volume: Arc::clone(volume), latency: None, recent: RecentLatency::new() })
+    }
+
     fn time<T>(&self, op: &'static str, f: impl FnOnce(&Volume) -> T) -> T {
         let t = Instant::now();
         let r = f(&self.volume);
-        self.latency.get_or_create(&Op { op }).observe(t.elapsed().as_secs_f64());
+        let elapsed = t.elapsed();
+        if let Some(l) = &self.latency {
+            l.get_or_create(&Op { op }).observe(elapsed.as_secs_f64());
+        }
+        self.recent.record(op, elapsed.as_micros() as u64);
         r
     }
 }
@@ -179,5 +217,5 @@ pub fn start(
             }
         })
         .context("starting the metrics thread")?;
-    Ok((Arc::new(Observed { volume: Arc::clone(volume), latency }), bound))
+    Ok((Arc::new(Observed { volume: Arc::clone(volume), latency: Some(latency), recent: RecentLatency::new() }), bound))
 }

@@ -271,18 +271,20 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if let Some(dir) = &args.fuse {
         endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
     }
-    // The frontends' view of the volume: timed when metrics are served.
+    // The frontends' view of the volume: every request timed (for `status`, and for the
+    // Prometheus histograms when metrics are served).
+    let observed = match &args.metrics {
+        Some(addr) => {
+            let (observed, bound) =
+                crate::metrics::start(addr, &volume, Arc::clone(&config.connections), Arc::clone(&stop))?;
+            tracing::info!(address = %bound, "serving metrics");
+            endpoints.push(format!("metrics http://{bound}/metrics"));
+            observed
+        }
+        None => crate::metrics::Observed::new(&volume),
+    };
     let (nbd_backend, fuse_backend): (Arc<dyn tiercache_nbd::Backend>, Arc<dyn tiercache_fuse::FileBackend>) =
-        match &args.metrics {
-            Some(addr) => {
-                let (observed, bound) =
-                    crate::metrics::start(addr, &volume, Arc::clone(&config.connections), Arc::clone(&stop))?;
-                tracing::info!(address = %bound, "serving metrics");
-                endpoints.push(format!("metrics http://{bound}/metrics"));
-                (Arc::clone(&observed) as _, observed as _)
-            }
-            None => (Arc::clone(&volume) as _, Arc::clone(&volume) as _),
-        };
+        (Arc::clone(&observed) as _, Arc::clone(&observed) as _);
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
         started: std::time::Instant::now(),
@@ -290,6 +292,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         control: control_path.clone(),
         nbd_clients: Arc::clone(&config.connections),
         samples: std::sync::Mutex::new(std::collections::VecDeque::new()),
+        observed: Arc::clone(&observed),
     });
     {
         // Counters sampled every second (the last minute kept), for the rates `status` shows.
@@ -468,13 +471,18 @@ struct ServerInfo {
     endpoints: Vec<String>,
     control: PathBuf,
     nbd_clients: Arc<std::sync::atomic::AtomicUsize>,
-    samples: std::sync::Mutex<std::collections::VecDeque<(std::time::Instant, Counters)>>,
+    samples: std::sync::Mutex<std::collections::VecDeque<Sample>>,
+    observed: Arc<crate::metrics::Observed>,
 }
+
+/// Counters and cumulative latency histograms at one moment.
+type Sample = (std::time::Instant, Counters, [hdrhistogram::Histogram<u64>; 3]);
 
 impl ServerInfo {
     fn sample(&self, c: Counters) {
+        let latency = self.observed.recent.snapshot();
         let mut s = self.samples.lock().expect("rate samples");
-        s.push_back((std::time::Instant::now(), c));
+        s.push_back((std::time::Instant::now(), c, latency));
         while s.len() > 61 {
             s.pop_front();
         }
@@ -482,12 +490,15 @@ impl ServerInfo {
 
     /// The server's part of the status reply.
     fn report(&self, now: Counters, block_size: u32) -> serde_json::Value {
+        let latency_now = self.observed.recent.snapshot();
         let samples = self.samples.lock().expect("rate samples");
         let at = std::time::Instant::now();
         let bs = f64::from(block_size);
         let rates = |window: u64| -> serde_json::Value {
             // The oldest sample within the window (or the oldest there is).
-            let Some((t, then)) = samples.iter().find(|(t, _)| at.duration_since(*t).as_secs() <= window) else {
+            let Some((t, then, latency_then)) =
+                samples.iter().find(|(t, _, _)| at.duration_since(*t).as_secs() <= window)
+            else {
                 return serde_json::Value::Null;
             };
             let secs = at.duration_since(*t).as_secs_f64();
@@ -508,6 +519,16 @@ impl ServerInfo {
                 "write_mib_per_second": mib_per_s(now.written_blocks, then.written_blocks),
                 "written_back_mib_per_second": mib_per_s(now.destaged_blocks, then.destaged_blocks),
                 "read_hit_ratio": if hits + misses > 0 { Some(hits as f64 / (hits + misses) as f64) } else { None },
+                "latency_us": latency_now.iter().zip(latency_then).zip(crate::metrics::RecentLatency::KINDS).map(|((now, then), kind)| {
+                    let mut h = now.clone();
+                    // (Cumulative histograms: the window is the difference.)
+                    let window = h.subtract(then).is_ok() && !h.is_empty();
+                    (kind.to_string(), if window {
+                        serde_json::json!({ "count": h.len(), "p50": h.value_at_quantile(0.5), "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999) })
+                    } else {
+                        serde_json::Value::Null
+                    })
+                }).collect::<serde_json::Map<String, serde_json::Value>>(),
             })
         };
         serde_json::json!({

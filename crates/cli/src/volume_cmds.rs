@@ -369,6 +369,16 @@ fn server_rows(v: &serde_json::Value) -> Vec<(&'static str, String)> {
             )
         };
         rows.push((name, text));
+        let lat: Vec<String> = ["read", "write", "flush"]
+            .iter()
+            .filter_map(|k| {
+                let l = &r["latency_us"][*k];
+                (!l.is_null()).then(|| format!("{k} p50 {} µs, p99 {} µs", l["p50"], l["p99"]))
+            })
+            .collect();
+        if !lat.is_empty() {
+            rows.push(("  latency", lat.join("; ")));
+        }
     }
     rows
 }

@@ -340,6 +340,8 @@ fn flush_of_a_served_volume_under_load_interrupted_and_resumed() {
     }
     let st = status();
     assert!(st["server"]["rates_1min"]["write_mib_per_second"].as_f64().unwrap() > 0.0, "{st}");
+    let write_latency = &st["server"]["rates_1min"]["latency_us"]["write"];
+    assert!(write_latency["count"].as_u64().unwrap() > 0 && write_latency["p99"].as_u64().unwrap() > 0, "{st}");
 
     // A flush whose client goes away after the first batch's progress line.
     let mut c = UnixStream::connect(s.control()).unwrap();
