@@ -62,21 +62,26 @@ impl RecentLatency {
 pub struct Observed {
     volume: Arc<Volume>,
     latency: Option<Latencies>,
+    /// Requests that failed, by kind (with `--metrics`).
+    errors: Option<Family<Op, prometheus_client::metrics::counter::Counter>>,
     pub recent: RecentLatency,
 }
 
 impl Observed {
     /// Without metrics.
     pub fn new(volume: &Arc<Volume>) -> Arc<Observed> {
-        Arc::new(Observed { volume: Arc::clone(volume), latency: None, recent: RecentLatency::new() })
+        Arc::new(Observed { volume: Arc::clone(volume), latency: None, errors: None, recent: RecentLatency::new() })
     }
 
-    fn time<T>(&self, op: &'static str, f: impl FnOnce(&Volume) -> T) -> T {
+    fn time<E>(&self, op: &'static str, f: impl FnOnce(&Volume) -> Result<(), E>) -> Result<(), E> {
         let t = Instant::now();
         let r = f(&self.volume);
         let elapsed = t.elapsed();
         if let Some(l) = &self.latency {
             l.get_or_create(&Op { op }).observe(elapsed.as_secs_f64());
+        }
+        if let (Err(_), Some(errors)) = (&r, &self.errors) {
+            errors.get_or_create(&Op { op }).inc();
         }
         self.recent.record(op, elapsed.as_micros() as u64);
         r
@@ -192,6 +197,12 @@ pub fn start(
         Unit::Seconds,
         latency.clone(),
     );
+    let errors = Family::<Op, prometheus_client::metrics::counter::Counter>::default();
+    registry.register(
+        "tiercache_request_errors",
+        "Client requests that failed (an I/O error, a lost block, a refused write), by kind",
+        errors.clone(),
+    );
     registry.register_collector(Box::new(VolumeCollector { volume: Arc::downgrade(volume), nbd_clients }));
     let server = tiny_http::Server::http(addr).map_err(|e| anyhow::anyhow!("--metrics {addr}: {e}"))?;
     let bound = server.server_addr().to_ip().map_or_else(|| addr.to_string(), |a| a.to_string());
@@ -217,5 +228,11 @@ pub fn start(
             }
         })
         .context("starting the metrics thread")?;
-    Ok((Arc::new(Observed { volume: Arc::clone(volume), latency: Some(latency), recent: RecentLatency::new() }), bound))
+    let observed = Observed {
+        volume: Arc::clone(volume),
+        latency: Some(latency),
+        errors: Some(errors),
+        recent: RecentLatency::new(),
+    };
+    Ok((Arc::new(observed), bound))
 }

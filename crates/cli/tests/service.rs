@@ -204,7 +204,9 @@ fn metrics_parse_as_prometheus_and_move_under_load() {
         .output()
         .expect("qemu-io (qemu-utils)");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let after = parse_with_prometheus_client(&http_get(&addr, "/metrics"));
+    let after_text = http_get(&addr, "/metrics");
+    let after = parse_with_prometheus_client(&after_text);
+    assert!(after_text.contains("# TYPE tiercache_request_errors counter"), "{after_text}");
     for name in ["tiercache_write_requests_total", "tiercache_flush_requests_total", "tiercache_read_requests_total"] {
         assert!(sample(&after, name) > sample(&before, name), "{name} did not move: {after}");
     }
