@@ -112,6 +112,11 @@ pub fn dirty_blocks(cache: Arc<dyn BlockDevice>) -> Result<u64> {
 /// holds anything, unless `destructive`; and a tiercache cache holding dirty data whatever
 /// the flag (its dirty blocks exist nowhere else).
 pub fn check_benchmark_target(dev: Arc<dyn BlockDevice>, path: &Path, effect: &str, destructive: bool) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    let block_device = std::fs::metadata(path).is_ok_and(|m| m.file_type().is_block_device());
+    if block_device && !destructive {
+        bail!("{}: is a block device and {effect}; pass --destructive to allow it", path.display());
+    }
     let found = probe(&*dev, path)?;
     if let Contents::Tiercache { backing_path } = &found {
         let dirty =

@@ -260,6 +260,32 @@ fn mistakes_that_would_destroy_data_are_refused_and_change_nothing() {
         &["bench", "fsync", "--cache", s(&fs), "--backing", s(&pt), "--seconds", "0.1"],
         "holds an ext4 file system, and the benchmark formats it as a cache; pass --destructive",
     );
+    fails_with(
+        &["bench", "randwrite", "--cache", s(&fs), "--backing", s(&pt), "--seconds", "0.1"],
+        "holds an ext4 file system, and the benchmark formats it as a cache; pass --destructive",
+    );
+    fails_with(
+        &["bench", "randwrite", "--cache", s(&swap), "--backing", s(&pt), "--seconds", "0.1"],
+        "holds a Linux swap area, and the benchmark formats it as a cache; pass --destructive",
+    );
+    // (bench seq takes real devices only with --destructive, and still refuses a dirty cache.)
+    usage_error(&["bench", "seq", "--cache", s(&fs), "--backing", s(&pt)], "required arguments were not provided");
+    fails_with(
+        &[
+            "bench",
+            "seq",
+            "--cache",
+            s(&fs),
+            "--backing",
+            s(&pt),
+            "--destructive",
+            "--cache-size",
+            "32M",
+            "--bytes",
+            "4M",
+        ],
+        "--cache needs",
+    );
     assert_eq!(before, [sha(&fs), sha(&pt), sha(&swap), sha(&f.backing)], "a refused command wrote");
 
     // A tiercache cache as the backing device (swapped arguments); a backing device no

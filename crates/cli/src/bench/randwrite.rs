@@ -19,7 +19,10 @@ use tiercache_engine::{create, Background, CreateOptions, Volume, VolumeOptions}
 Examples:
   tiercache bench randwrite                                emulated optane cache over emulated usb-disk
   tiercache bench randwrite --flush-every 1 --json         fsync after every write
-  tiercache bench randwrite --cache /mnt/fast/c.img --backing /mnt/slow/b.img   real files (overwritten)")]
+  tiercache bench randwrite --cache /mnt/fast/c.img --backing /mnt/slow/b.img   real files (overwritten)
+
+Files holding anything (a file system, a partition table, a tiercache cache) need --destructive;
+a tiercache cache holding dirty data is never overwritten.")]
 pub struct RandwriteArgs {
     /// Seconds per target.
     #[arg(long, default_value_t = 5.0)]
@@ -42,6 +45,10 @@ pub struct RandwriteArgs {
     /// Real backing file (its first --span bytes are overwritten by write-back).
     #[arg(long, requires = "cache")]
     backing: Option<PathBuf>,
+    /// Allow --cache and --backing to be overwritten when they hold something (a file
+    /// system, a partition table, a tiercache cache without dirty data) or are block devices.
+    #[arg(long)]
+    destructive: bool,
     /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
@@ -76,6 +83,13 @@ pub fn run(args: RandwriteArgs) -> Result<()> {
     let mut keep = Vec::new();
     let (raw_name, raw, cache_dev, backing_dev): (String, Dev, Dev, Dev) = match (&args.cache, &args.backing) {
         (Some(c), Some(b)) => {
+            // What the files hold, before anything is written.
+            for (path, effect) in
+                [(c, "the benchmark formats it as a cache"), (b, "the benchmark overwrites its first blocks")]
+            {
+                let probe: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(path)?);
+                crate::safety::check_benchmark_target(probe, path, effect, args.destructive)?;
+            }
             let raw: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(c)?);
             (c.display().to_string(), raw, Arc::new(FileDevice::open(c)?), Arc::new(FileDevice::open(b)?))
         }
