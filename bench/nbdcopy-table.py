@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""Large sequential transfers through NBD, as issue 13 measured them: nbdcopy (256 KiB
+requests, a Unix socket) against tiercache serve and, beside it on files of the same disk,
+nbdkit's file plugin (which reads and writes through the page cache). One run; MiB/s per step.
+
+Needs nbdkit and libnbd-bin (nbdcopy, nbdinfo):  apt-get install nbdkit libnbd-bin
+Usage: bench/nbdcopy-table.py [--tiercache PATH] [--dir DIR] [--json FILE]
+Uses about 4.5 GiB in DIR (default /var/tmp/tiercache-nbdcopy), removed at the end."""
+import argparse, json, os, shutil, subprocess, sys, time
+
+ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+here = os.path.dirname(os.path.abspath(__file__))
+ap.add_argument("--tiercache", default=shutil.which("tiercache") or os.path.join(here, "../target/release/tiercache"))
+ap.add_argument("--dir", default="/var/tmp/tiercache-nbdcopy")
+ap.add_argument("--json", help="also write the rows as JSON here")
+a = ap.parse_args()
+for tool in ("nbdkit", "nbdcopy", "nbdinfo"):
+    if not shutil.which(tool):
+        sys.exit(f"{tool} is missing: apt-get install nbdkit libnbd-bin")
+if not os.access(a.tiercache, os.X_OK):
+    sys.exit(f"{a.tiercache}: no tiercache binary (cargo build --release, or --tiercache PATH)")
+T, D = a.tiercache, a.dir
+shutil.rmtree(D, ignore_errors=True); os.makedirs(D)
+MiB = 1 << 20
+procs = []
+
+def sh(*args, **kw):
+    return subprocess.run(list(args), check=True, **kw)
+
+def timed(*args):
+    t = time.time(); sh(*args); return time.time() - t
+
+rows = []
+def row(what, nbytes, secs):
+    r = {"what": what, "mib_per_second": round(nbytes / secs / MiB, 1)}
+    rows.append(r); print(f"{what:78s} {r['mib_per_second']:8.1f}", flush=True); return r
+
+def wait_for(uri):
+    for _ in range(200):
+        if subprocess.run(["nbdinfo", "--size", uri], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.1)
+    sys.exit(f"nothing serves {uri}")
+
+def nbdkit(sock, path):
+    p = subprocess.Popen(["nbdkit", "-f", "-U", sock, "file", path]); procs.append(p)
+    wait_for(f"nbd+unix:///?socket={sock}"); return p
+
+def serve(cache, back, size, *extra):
+    sh(T, "create", "--cache", f"{D}/{cache}", "--cache-size", size, "--backing", f"{D}/{back}", *extra, stdout=subprocess.DEVNULL)
+    p = subprocess.Popen([T, "serve", "--cache", f"{D}/{cache}", "--backing", f"{D}/{back}", "--nbd", f"unix:{D}/t.sock",
+                          "--control", f"{D}/ctl.sock"], stderr=subprocess.DEVNULL); procs.append(p)
+    wait_for(tc); return p
+
+try:
+    sh("dd", "if=/dev/urandom", f"of={D}/src512", "bs=1M", "count=512", "status=none")
+    for name, mib in (("back2g", 2048), ("back768", 768), ("nbdkit512", 512)):
+        sh("dd", "if=/dev/zero", f"of={D}/{name}", "bs=1M", f"count={mib}", "conv=fsync", "status=none")
+    tc = f"nbd+unix:///tiercache?socket={D}/t.sock"
+    k = nbdkit(f"{D}/k1.sock", f"{D}/back2g")
+    row("nbdkit file plugin, sequential read of a 2 GiB file", 2048 * MiB, timed("nbdcopy", f"nbd+unix:///?socket={D}/k1.sock", "null:"))
+    k.terminate(); k.wait()
+    k = nbdkit(f"{D}/k2.sock", f"{D}/nbdkit512")
+    row("nbdkit file plugin, sequential write of 512 MiB (+ flush)", 512 * MiB, timed("nbdcopy", "--flush", f"{D}/src512", f"nbd+unix:///?socket={D}/k2.sock"))
+    k.terminate(); k.wait()
+    p = serve("cache1", "back2g", "1G")
+    w = row("tiercache, write 512 MiB into an empty 1 GiB cache (+ flush)", 512 * MiB, timed("nbdcopy", "--flush", f"{D}/src512", tc))
+    row("tiercache, read the whole 2 GiB volume (cold)", 2048 * MiB, timed("nbdcopy", tc, "null:"))
+    row("tiercache, read it again", 2048 * MiB, timed("nbdcopy", tc, "null:"))
+    st = json.loads(sh(T, "status", "--cache", f"{D}/cache1", "--control", f"{D}/ctl.sock", "--json", capture_output=True).stdout)
+    print(f"  (now {st['cached_bytes'] / st['log_bytes']:.0%} of the cache holds data, {st['dirty_bytes'] / st['log_bytes']:.0%} dirty)")
+    rw = row("tiercache, rewrite the same 512 MiB now that the reads filled the cache", 512 * MiB, timed("nbdcopy", "--flush", f"{D}/src512", tc))
+    row("tiercache, the same rewrite once more", 512 * MiB, timed("nbdcopy", "--flush", f"{D}/src512", tc))
+    p.terminate(); p.wait()
+    p = serve("cache2", "back768", "1G", "--force")  # (a backing device smaller than its cache)
+    row("tiercache, 768 MiB volume in a 1 GiB cache, cold read", 768 * MiB, timed("nbdcopy", tc, "null:"))
+    row("tiercache, the same read again, every block a cache hit", 768 * MiB, timed("nbdcopy", tc, "null:"))
+    p.terminate(); p.wait()
+    print(f"rewrite after the reads / empty-cache write: {rw['mib_per_second'] / w['mib_per_second']:.2f}")
+    if a.json:
+        json.dump(rows, open(a.json, "w"), indent=1)
+finally:
+    for p in procs:
+        if p.poll() is None:
+            p.terminate(); p.wait()
+    shutil.rmtree(D, ignore_errors=True)
