@@ -19,8 +19,8 @@ fn next(sock: &UnixDatagram) -> String {
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
-#[test]
-fn serve_tells_the_service_manager_when_it_is_ready_and_when_it_stops() {
+/// A temporary directory with a 64 MiB backing file and a 16 MiB cache created for it.
+fn created_volume() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let (cache, backing) = (dir.path().join("cache.img"), dir.path().join("backing.img"));
     std::fs::File::create(&backing).unwrap().set_len(64 << 20).unwrap();
@@ -29,6 +29,12 @@ fn serve_tells_the_service_manager_when_it_is_ready_and_when_it_stops() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (dir, cache, backing)
+}
+
+#[test]
+fn serve_tells_the_service_manager_when_it_is_ready_and_when_it_stops() {
+    let (dir, cache, backing) = created_volume();
 
     let notify_path = dir.path().join("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
@@ -171,14 +177,7 @@ fn sample(parsed: &str, name: &str) -> f64 {
 #[test]
 fn metrics_parse_as_prometheus_and_move_under_load() {
     use std::io::{BufRead, BufReader};
-    let dir = tempfile::tempdir().unwrap();
-    let (cache, backing) = (dir.path().join("cache.img"), dir.path().join("backing.img"));
-    std::fs::File::create(&backing).unwrap().set_len(64 << 20).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(["create", "--cache", p(&cache), "--cache-size", "16M", "--backing", p(&backing)])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (dir, cache, backing) = created_volume();
     let nbd = dir.path().join("nbd.sock");
     let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
         .args(["serve", "--cache", p(&cache), "--backing", p(&backing), "--metrics", "127.0.0.1:0"])

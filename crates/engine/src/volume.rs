@@ -957,14 +957,7 @@ impl Volume {
 
         // (No record write can run meanwhile: this thread holds the io lock. So the index
         // entries below keep naming the same positions until this function changes them.)
-        let picked = |st: &State, from: u64, until: u64| -> Vec<Picked> {
-            (from..until)
-                .filter_map(|position| {
-                    let (block, entry) = st.index.owner(self.layout.slot(position))?;
-                    Some(Picked { block, entry, position })
-                })
-                .collect()
-        };
+        let picked = |st: &State, from: u64, until: u64| self.live_between(st, from, until).collect::<Vec<_>>();
         let (new_head, live) = {
             let st = self.lock();
             let mut target = target;
@@ -1145,6 +1138,15 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// The blocks whose current copy lies at log positions `[from, until)`, in position order
+    /// (the index's reverse map: no I/O).
+    fn live_between<'a>(&'a self, st: &'a State, from: u64, until: u64) -> impl Iterator<Item = Picked> + 'a {
+        (from..until).filter_map(move |position| {
+            let (block, entry) = st.index.owner(self.layout.slot(position))?;
+            Some(Picked { block, entry, position })
+        })
     }
 
     /// The most live dirty blocks a reclaim copies forward instead of writing them back: half
@@ -1574,12 +1576,7 @@ impl Volume {
             let mut pos = from;
             while pos < until && batch.len() < max_blocks {
                 let end = (pos + stretch).min(until);
-                let dirty: Vec<Picked> = (pos..end)
-                    .filter_map(|position| {
-                        let (block, entry) = st.index.owner(self.layout.slot(position))?;
-                        entry.dirty.then_some(Picked { block, entry, position })
-                    })
-                    .collect();
+                let dirty: Vec<Picked> = self.live_between(&st, pos, end).filter(|p| p.entry.dirty).collect();
                 if !dense_only || dirty.len() > self.copy_forward_max() {
                     batch.extend(dirty);
                 }

@@ -5,21 +5,12 @@
 //! behaviour that an attack did not break.
 
 use std::sync::{Arc, Condvar, Mutex};
-use tiercache_device::{BlockDevice, FailMode, MonotonicClock, OpKind, SimDevice};
-use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions};
+use tiercache_device::{BlockDevice, FailMode, OpKind, SimDevice};
+use tiercache_engine::{create, CreateOptions, EngineError, Volume};
 use tiercache_format::{uuid_low64, CheckpointHeader, Layout};
 
-const BS: usize = 4096;
-
-fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![0u8; BS];
-    tiercache_engine::torture::stamp(block, version, &mut v);
-    v
-}
-
-fn version_of(block: u64, data: &[u8]) -> Option<u64> {
-    tiercache_engine::torture::unstamp(data).and_then(|(b, v)| (b == block).then_some(v))
-}
+mod common;
+use common::*;
 
 #[derive(Default)]
 struct HookState {
@@ -136,53 +127,6 @@ impl BlockDevice for Hook {
     }
 }
 
-/// A cache of `log_segments` segments of 8 blocks, and a backing device of `blocks` blocks
-/// stamped with version 0.
-fn devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>) {
-    let log_blocks = log_segments * 8;
-    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
-    let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
-    let image: Vec<u8> = (0..blocks).flat_map(|b| stamp(b, 0)).collect();
-    let backing = Arc::new(SimDevice::from_image(image, BS as u32).with_name("backing"));
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).expect("create");
-    (cache, backing)
-}
-
-fn try_open(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Result<Volume, EngineError> {
-    Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default()).map(|(v, _)| v)
-}
-
-fn open(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Volume {
-    try_open(cache, backing).expect("open")
-}
-
-/// A power cut now: fresh devices holding only what is durable.
-fn durable_copy(dev: &SimDevice) -> Arc<SimDevice> {
-    Arc::new(SimDevice::from_image(dev.durable_image(), BS as u32))
-}
-
-fn read_version(v: &Volume, block: u64) -> Result<Option<u64>, EngineError> {
-    let mut buf = vec![0u8; BS];
-    v.read(block * BS as u64, &mut buf)?;
-    Ok(version_of(block, &buf))
-}
-
-fn is_lost(r: &Result<Option<u64>, EngineError>, block: u64) -> bool {
-    matches!(r, Err(EngineError::LostBlock { block: b }) if *b == block)
-}
-
-fn slot_of(v: &Volume, block: u64) -> Option<(u32, bool)> {
-    v.index_snapshot().into_iter().find(|(b, _)| *b == block).map(|(_, e)| (e.slot, e.dirty))
-}
-
-/// Overwrites the cache device's copy of `block` durably with garbage (bad media).
-fn corrupt_cached_block(cache: &SimDevice, volume: &Volume, block: u64) {
-    let (slot, _) = slot_of(volume, block).expect("cached");
-    let offset = volume.superblock().layout.log_offset(u64::from(slot));
-    cache.write_at(offset, &vec![0xEEu8; BS]).unwrap();
-    cache.flush().unwrap();
-}
-
 /// Runs `f` on the volume in a thread of its own (a client or the destager).
 fn on_thread<T: Send + 'static>(
     volume: &Arc<Volume>,
@@ -190,10 +134,6 @@ fn on_thread<T: Send + 'static>(
 ) -> std::thread::JoinHandle<T> {
     let volume = Arc::clone(volume);
     std::thread::spawn(move || f(&volume))
-}
-
-fn write(v: &Volume, block: u64, version: u64) {
-    v.write(block * BS as u64, &stamp(block, version)).unwrap();
 }
 
 // ------------------------------------------------------------------------------------------

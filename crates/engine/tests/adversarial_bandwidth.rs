@@ -9,24 +9,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
 use std::sync::{mpsc, Arc, Condvar, Mutex};
 use std::time::Duration;
 use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
-use tiercache_engine::{create, Background, CreateOptions, EngineError, Volume, VolumeOptions};
-use tiercache_format::Layout;
+use tiercache_engine::{Background, CreateOptions, EngineError, Volume};
 
-const BS: usize = 4096;
-
-fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![0u8; BS];
-    tiercache_engine::torture::stamp(block, version, &mut v);
-    v
-}
-
-fn stamps(first: u64, n: u64, version: u64) -> Vec<u8> {
-    (first..first + n).flat_map(|b| stamp(b, version)).collect()
-}
-
-fn version_of(block: u64, data: &[u8]) -> Option<u64> {
-    tiercache_engine::torture::unstamp(data).and_then(|(b, v)| (b == block).then_some(v))
-}
+mod common;
+use common::*;
 
 // ------------------------------------------------------------------------------ devices
 
@@ -212,56 +198,6 @@ impl BlockDevice for Jitter {
     fn describe(&self) -> String {
         format!("jitter:{}", self.inner.describe())
     }
-}
-
-/// A cache of `log_segments` segments of `seg` blocks, and a backing device of `blocks`
-/// blocks stamped with version 0.
-fn devices_seg(log_segments: u64, seg: u32, blocks: u64, opts: CreateOptions) -> (Arc<SimDevice>, Arc<SimDevice>) {
-    let log_blocks = log_segments * u64::from(seg);
-    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
-    let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
-    let backing = Arc::new(SimDevice::from_image(stamps(0, blocks, 0), BS as u32).with_name("backing"));
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..opts }).expect("create");
-    (cache, backing)
-}
-
-fn devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>) {
-    devices_seg(log_segments, 8, blocks, CreateOptions::default())
-}
-
-fn open(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Volume {
-    Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0
-}
-
-/// A power cut now: fresh devices holding only what is durable.
-fn durable_copy(dev: &SimDevice) -> Arc<SimDevice> {
-    Arc::new(SimDevice::from_image(dev.durable_image(), BS as u32))
-}
-
-fn read_version(v: &Volume, block: u64) -> Result<Option<u64>, EngineError> {
-    let mut buf = vec![0u8; BS];
-    v.read(block * BS as u64, &mut buf)?;
-    Ok(version_of(block, &buf))
-}
-
-fn is_lost(r: &Result<Option<u64>, EngineError>, block: u64) -> bool {
-    matches!(r, Err(EngineError::LostBlock { block: b }) if *b == block)
-}
-
-fn slot_of(v: &Volume, block: u64) -> Option<(u32, bool)> {
-    v.index_snapshot().into_iter().find(|(b, _)| *b == block).map(|(_, e)| (e.slot, e.dirty))
-}
-
-/// Overwrites the cache device's copy of `block` durably with garbage (bad media).
-fn corrupt_cached_block(cache: &SimDevice, volume: &Volume, block: u64) {
-    let (slot, _) = slot_of(volume, block).expect("cached");
-    let offset = volume.superblock().layout.log_offset(u64::from(slot));
-    cache.write_at(offset, &vec![0xEEu8; BS]).unwrap();
-    cache.flush().unwrap();
-}
-
-fn write(v: &Volume, block: u64, version: u64) {
-    v.write(block * BS as u64, &stamp(block, version)).unwrap();
 }
 
 /// Runs `f` on its own thread and waits at most `secs` for it: a deadlock fails the test

@@ -16,20 +16,12 @@ use tiercache_device::{BlockDevice, MonotonicClock, SimDevice, SimStats};
 use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
 use tiercache_format::Layout;
 
-const BS: usize = 4096;
+mod common;
+use common::*;
+
 const SEGMENT: u64 = 16;
 const LOG_BLOCKS: u64 = 1024;
 const BACKING_BLOCKS: u64 = 4096;
-
-fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![0u8; BS];
-    tiercache_engine::torture::stamp(block, version, &mut v);
-    v
-}
-
-fn stamps(first: u64, n: u64, version: u64) -> Vec<u8> {
-    (first..first + n).flat_map(|b| stamp(b, version)).collect()
-}
 
 /// A 1024-block log in 16-block segments over a 4096-block backing device stamped with
 /// version 0, opened without a background thread (the tests run its rounds themselves).

@@ -3,11 +3,10 @@
 //! histogram. The rate is iterations divided by the loop's wall time.
 
 use crate::report::{latency_histogram, quantile_us, round1, thousands, Table};
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use clap::Args;
 use hdrhistogram::Histogram;
 use serde::Serialize;
-use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -133,10 +132,7 @@ fn parse_target(s: &str, destructive: bool, effect: &str) -> Result<Target> {
     // Open once now to refuse bad input before anything is written anywhere.
     let dev: Arc<dyn BlockDevice> =
         Arc::new(FileDevice::open_with(&path, OpenOptions { direct: false, lock: true, read_only: false })?);
-    let meta = std::fs::metadata(&path).with_context(|| format!("{s}: stat"))?;
-    if meta.file_type().is_block_device() && !destructive {
-        bail!("{s}: is a block device and {effect}; pass --destructive to allow it");
-    }
+    // (Refuses a block device or a file holding anything, unless --destructive.)
     crate::safety::check_benchmark_target(dev, &path, effect, destructive)?;
     Ok(Target::Path(path))
 }
