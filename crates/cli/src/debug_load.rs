@@ -10,8 +10,8 @@ use rand::{Rng, SeedableRng};
 use std::io::Write;
 use std::sync::Arc;
 use tiercache_device::MonotonicClock;
-use tiercache_engine::torture::stamp;
 use tiercache_engine::{create, Background, CreateOptions, Volume, VolumeOptions};
+use tiercache_sim::stamp::stamp;
 
 #[derive(Debug, Args)]
 pub struct DebugLoadArgs {

@@ -2,12 +2,14 @@
 //! Operating errors become one line on stderr and a non-zero exit code.
 
 mod bench;
+#[cfg(feature = "simulator")]
 mod debug_load;
 mod devices;
 mod metrics;
 mod report;
 mod safety;
 mod serve;
+#[cfg(feature = "simulator")]
 mod torture_cmd;
 mod volume_cmds;
 
@@ -56,12 +58,14 @@ enum Command {
     /// Write every dirty block back; afterwards the backing device alone holds all data.
     Flush(volume_cmds::FlushArgs),
     /// Run the crash simulator: random I/O, crashes with torn writes, recovery, checks.
+    #[cfg(feature = "simulator")]
     Torture(torture_cmd::TortureArgs),
     /// Measure devices and volumes side by side (fsync rate, write-back throughput).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
     /// A deterministic writer for crash tests (prints `flushed N` after each FLUSH).
     #[command(hide = true)]
+    #[cfg(feature = "simulator")]
     DebugLoad(debug_load::DebugLoadArgs),
 }
 
@@ -69,6 +73,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // The simulator injects device failures on purpose: their error logs are noise there.
     let default_filter = match cli.command {
+        #[cfg(feature = "simulator")]
         Command::Torture(_) => "off",
         // fuser warns when its own unmount finds the mount gone, which is what a clean stop
         // does (serve unmounts first, to see whether the file is still in use).
@@ -92,8 +97,10 @@ fn main() -> ExitCode {
         Command::Check(a) => volume_cmds::check_cmd(a),
         Command::Flush(a) => volume_cmds::flush_cmd(a),
         Command::Serve(a) => serve::serve_cmd(a),
+        #[cfg(feature = "simulator")]
         Command::Torture(a) => torture_cmd::torture_cmd(a),
         Command::Bench(cmd) => bench::run(cmd),
+        #[cfg(feature = "simulator")]
         Command::DebugLoad(a) => debug_load::run(a),
     };
     match result {

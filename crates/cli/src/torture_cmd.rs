@@ -4,8 +4,8 @@ use crate::volume_cmds::progress;
 use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
-use tiercache_engine::torture::{run, TortureConfig, TortureReport};
 use tiercache_engine::Sabotage;
+use tiercache_sim::serial::{run, TortureConfig, TortureReport};
 
 #[derive(Debug, Args)]
 #[command(after_help = "\
@@ -91,7 +91,7 @@ struct Summary {
     destaged_blocks: u64,
     checkpoints: u64,
     log_wraps: u64,
-    violations: Vec<tiercache_engine::torture::Violation>,
+    violations: Vec<tiercache_sim::serial::Violation>,
 }
 
 impl Summary {
@@ -209,7 +209,7 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
         );
         println!("{} seeds passed, {} failed", s.seeds - s.failed_seeds.len() as u64, s.failed_seeds.len());
         for v in &s.violations {
-            println!("violation: seed {} cycle {}: {:?} block {:?}: {}", v.seed, v.cycle, v.kind, v.block, v.detail);
+            println!("violation: seed {} cycle {}: {} block {:?}: {}", v.seed, v.cycle, v.kind, v.block, v.detail);
         }
     }
     if let Some(&seed) = s.failed_seeds.first() {

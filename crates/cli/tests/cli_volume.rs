@@ -112,7 +112,7 @@ fn create_status_check_flush_life_cycle() {
         if version == 0 {
             assert!(data.iter().all(|&b| b == 0), "block {block} was never written");
         } else {
-            assert_eq!(tiercache_engine::torture::unstamp(data), Some((block as u64, version)), "block {block}");
+            assert_eq!(tiercache_sim::stamp::unstamp(data), Some((block as u64, version)), "block {block}");
         }
     }
 }

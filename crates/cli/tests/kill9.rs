@@ -10,8 +10,8 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiercache_device::{BlockDevice, FileDevice, MonotonicClock};
-use tiercache_engine::torture::unstamp;
 use tiercache_engine::{Volume, VolumeOptions};
+use tiercache_sim::stamp::unstamp;
 
 const BS: usize = 4096;
 const BLOCKS: u64 = 512;

@@ -12,21 +12,27 @@
 //!
 //! Entry points: [`create`] formats a cache device; [`Volume::open`] recovers and attaches;
 //! [`Volume::read`], [`Volume::write`], [`Volume::flush`], [`Volume::discard`] serve I/O;
-//! [`Background`] runs the destager and the staging writer; [`torture`] is the crash simulator.
+//! [`Background`] runs the destager and the staging writer. The crash simulators live in
+//! the `tiercache-sim` crate; the deliberately broken commit orders they must catch are
+//! compiled in only with this crate's `sabotage` feature.
+
+#![forbid(unsafe_code)]
 
 mod check;
 pub mod constants;
 mod error;
 mod index;
 mod open;
-pub mod torture;
+mod sabotage;
 mod volume;
 
 pub use check::CheckReport;
 pub use error::{EngineError, Result, Role};
 pub use index::{index_ram_bytes, IndexEntry};
 pub use open::{create, read_superblock, CreateOptions, OpenReport};
-pub use volume::{Counters, Sabotage, Volume, VolumeOptions};
+#[cfg(feature = "sabotage")]
+pub use sabotage::Sabotage;
+pub use volume::{Counters, Volume, VolumeOptions};
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};

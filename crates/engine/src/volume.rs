@@ -27,6 +27,7 @@
 use crate::constants::*;
 use crate::error::{EngineError, Result};
 use crate::index::{Index, IndexEntry};
+use crate::sabotage::sabotaged;
 use serde::Serialize;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,51 +41,6 @@ use tiercache_format::{
 };
 use tiercache_sched::Mutex;
 
-/// Deliberately broken commit orders, to prove that the torture test catches them. Never set
-/// outside tests and the `torture --sabotage` demonstration.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub enum Sabotage {
-    #[default]
-    None,
-    /// FLUSH returns without flushing the cache device.
-    FlushSkipsCacheFlush,
-    /// Reclaim overwrites space before the record moving the head past it is durable.
-    ReclaimSkipsMarkerFlush,
-    /// Destage marks blocks clean without flushing the backing device.
-    DestageSkipsBackingFlush,
-    /// Issue 7, bug 1: write-back marks clean whatever version now sits in the slot it read
-    /// (and names it in the MarkClean entry), instead of exactly the version it wrote.
-    MarkCleanBySlot,
-    /// Issue 7, bug 2: a lost block is remembered in RAM only (no Lost entry, no tombstone).
-    LostInRamOnly,
-    /// Issue 7, bug 3: records written after a recovery keep the recovered epoch, so one
-    /// can be byte-identical to a record written before the crash.
-    NoRecoveryEpoch,
-}
-
-impl Sabotage {
-    pub const ALL: [Sabotage; 6] = [
-        Sabotage::FlushSkipsCacheFlush,
-        Sabotage::ReclaimSkipsMarkerFlush,
-        Sabotage::DestageSkipsBackingFlush,
-        Sabotage::MarkCleanBySlot,
-        Sabotage::LostInRamOnly,
-        Sabotage::NoRecoveryEpoch,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Sabotage::None => "none",
-            Sabotage::FlushSkipsCacheFlush => "flush-skips-cache-flush",
-            Sabotage::ReclaimSkipsMarkerFlush => "reclaim-skips-marker-flush",
-            Sabotage::DestageSkipsBackingFlush => "destage-skips-backing-flush",
-            Sabotage::MarkCleanBySlot => "mark-clean-by-slot",
-            Sabotage::LostInRamOnly => "lost-in-ram-only",
-            Sabotage::NoRecoveryEpoch => "no-recovery-epoch",
-        }
-    }
-}
-
 /// Run-time options of an open volume.
 #[derive(Debug, Clone, Copy)]
 pub struct VolumeOptions {
@@ -95,7 +51,9 @@ pub struct VolumeOptions {
     /// Dirty watermarks (low, high) in per mille of the log for this run, instead of the ones
     /// recorded at format (`serve --dirty-low/--dirty-high` or its config file).
     pub dirty_watermarks_permille: Option<(u16, u16)>,
-    pub sabotage: Sabotage,
+    /// Test machinery: a deliberately broken commit order (the `sabotage` feature).
+    #[cfg(feature = "sabotage")]
+    pub sabotage: crate::Sabotage,
 }
 
 impl Default for VolumeOptions {
@@ -104,7 +62,8 @@ impl Default for VolumeOptions {
             admit_max_request_bytes: ADMIT_MAX_REQUEST_BYTES,
             checkpoint_interval_permille: CHECKPOINT_INTERVAL_PERMILLE,
             dirty_watermarks_permille: None,
-            sabotage: Sabotage::None,
+            #[cfg(feature = "sabotage")]
+            sabotage: crate::Sabotage::None,
         }
     }
 }
@@ -504,7 +463,7 @@ impl Volume {
 
     /// Starts the epoch of this run (recovery calls it before its checkpoint).
     pub(crate) fn begin_epoch(&self) {
-        if self.options.sabotage != Sabotage::NoRecoveryEpoch {
+        if !sabotaged!(self, NoRecoveryEpoch) {
             self.lock().epoch += 1;
         }
     }
@@ -701,7 +660,7 @@ impl Volume {
             }
         }
         self.write_out(&mut io)?;
-        self.flush_cache(self.options.sabotage == Sabotage::FlushSkipsCacheFlush)
+        self.flush_cache(sabotaged!(self, FlushSkipsCacheFlush))
     }
 
     /// Flushes the cache device; afterwards every record written so far is durable.
@@ -864,7 +823,7 @@ impl Volume {
     /// goes first in a record). A block with data in this same record is skipped: that data
     /// supersedes the loss, and its entry leaves `lost` when the record is written.
     fn stage_lost_entries(&self, st: &mut State) {
-        if self.options.sabotage == Sabotage::LostInRamOnly || st.lost.values().all(|l| l.logged != Logged::No) {
+        if sabotaged!(self, LostInRamOnly) || st.lost.values().all(|l| l.logged != Logged::No) {
             return;
         }
         let State { lost, staging, .. } = st;
@@ -1031,7 +990,7 @@ impl Volume {
         // once passed, forget, serving the stale backing copy). If they do not all fit, a
         // checkpoint (which holds every loss as a tombstone) makes them durable first.
         let unlogged = self.lock().lost.values().filter(|l| l.logged != Logged::Yes).count();
-        if unlogged + copies.len() > RECORD_ENTRIES && self.options.sabotage != Sabotage::LostInRamOnly {
+        if unlogged + copies.len() > RECORD_ENTRIES && !sabotaged!(self, LostInRamOnly) {
             self.checkpoint_locked()?;
         }
         let copied: HashSet<u64> = copies.iter().map(|p| p.block).collect();
@@ -1052,7 +1011,7 @@ impl Volume {
             st.counters.reclaimed_blocks += new_head - head;
             st.counters.copied_forward_blocks += copies.len() as u64;
             let mut entries = Vec::with_capacity(RECORD_ENTRIES);
-            if self.options.sabotage != Sabotage::LostInRamOnly {
+            if !sabotaged!(self, LostInRamOnly) {
                 // Losses inside the window the head is about to pass first: those must be in
                 // this record. More losses may have been declared during the checkpoint above
                 // (readers, the destager); the ones that do not fit stay unlogged, which is
@@ -1115,7 +1074,7 @@ impl Volume {
             return Err(e);
         }
         self.lock().written_tail = pos + blocks;
-        self.flush_cache(self.options.sabotage == Sabotage::ReclaimSkipsMarkerFlush)?;
+        self.flush_cache(sabotaged!(self, ReclaimSkipsMarkerFlush))?;
         tracing::debug!(
             head,
             new_head,
@@ -1200,7 +1159,7 @@ impl Volume {
             st.check_poisoned()?;
             let snapshot: Vec<(u64, IndexEntry)> = st.index.iter().collect();
             // Every lost block, logged or not: a checkpoint replaces the records before it.
-            let tombstones: Vec<(u64, u32)> = if self.options.sabotage == Sabotage::LostInRamOnly {
+            let tombstones: Vec<(u64, u32)> = if sabotaged!(self, LostInRamOnly) {
                 Vec::new()
             } else {
                 st.lost.iter().map(|(&b, l)| (b, l.crc)).collect()
@@ -1708,7 +1667,7 @@ impl Volume {
             self.backing.write_at(offset, &data[start * bs..i * bs]).map_err(EngineError::backing)?;
             written += i - start;
         }
-        if self.options.sabotage != Sabotage::DestageSkipsBackingFlush {
+        if !sabotaged!(self, DestageSkipsBackingFlush) {
             self.backing.flush().map_err(EngineError::backing)?;
         }
         if fingerprinted {
@@ -1728,7 +1687,7 @@ impl Volume {
             if !keep[i] {
                 continue;
             }
-            let (marked, ref_position) = if self.options.sabotage == Sabotage::MarkCleanBySlot {
+            let (marked, ref_position) = if sabotaged!(self, MarkCleanBySlot) {
                 // The old, broken rule: whatever now sits in the slot read, named by the
                 // current tail.
                 (st.index.mark_clean(p.block, p.entry.slot), self.layout.position_of_slot(p.entry.slot, st.tail))

@@ -11,21 +11,10 @@ use std::sync::Arc;
 use tiercache_device::{BlockDevice, FailMode, FileDevice, MonotonicClock, OpenOptions, SimDevice};
 use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
 use tiercache_format::Layout;
+use tiercache_sim::stamp::{stamped as stamp, version_of};
 
 const BS: usize = 4096;
 const BLOCKS: u64 = 96;
-
-/// A block carrying its number and a version (the simulator's encoding).
-fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![0u8; BS];
-    tiercache_engine::torture::stamp(block, version, &mut v);
-    v
-}
-
-/// The version of `block` a read returned, if the data is intact and is that block's.
-fn version_of(block: u64, data: &[u8]) -> Option<u64> {
-    tiercache_engine::torture::unstamp(data).and_then(|(b, v)| (b == block).then_some(v))
-}
 
 fn open(cache: &Arc<SimDevice>, backing: &Arc<SimDevice>) -> Volume {
     let c: Arc<dyn BlockDevice> = cache.clone();

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use tiercache_device::{BlockDevice, FailMode, MonotonicClock, SimDevice};
 use tiercache_engine::{create, Background, CreateOptions, Volume, VolumeOptions};
 use tiercache_format::Layout;
+use tiercache_sim::stamp::{stamped as stamp, version_of as unstamp};
 
 const BS: usize = 4096;
 const THREADS: u64 = 4;
@@ -20,18 +21,6 @@ const BLOCKS_PER_THREAD: u64 = 48;
 /// device's fingerprint blocks, and leaving them alone keeps the oracle's two non-atomic
 /// snapshots (cache image, then backing image) consistent with each other.
 const FIRST: u64 = 17;
-
-/// A block carrying its number and a version (the simulator's encoding).
-fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![0u8; BS];
-    tiercache_engine::torture::stamp(block, version, &mut v);
-    v
-}
-
-/// The version of `block` a read returned, if the data is intact and is that block's.
-fn unstamp(block: u64, data: &[u8]) -> Option<u64> {
-    tiercache_engine::torture::unstamp(data).and_then(|(b, v)| (b == block).then_some(v))
-}
 
 /// Per block: the last version acknowledged by a FLUSH, and every version written.
 #[derive(Default, Clone)]

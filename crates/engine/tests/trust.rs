@@ -19,18 +19,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions};
 use tiercache_format::Layout;
+use tiercache_sim::stamp::{stamped as stamp, version_of};
 
 const BS: usize = 4096;
-
-fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![0u8; BS];
-    tiercache_engine::torture::stamp(block, version, &mut v);
-    v
-}
-
-fn version_of(block: u64, data: &[u8]) -> Option<u64> {
-    tiercache_engine::torture::unstamp(data).and_then(|(b, v)| (b == block).then_some(v))
-}
 
 /// A device whose flush can be held at a gate: the test decides when a slow backing flush
 /// returns.

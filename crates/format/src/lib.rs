@@ -12,6 +12,8 @@
 //! zeroed padding and a compile-time size assertion, and open with checksum, magic, version
 //! and sequence. Record and checkpoint magics are XORed with the volume UUID.
 
+#![forbid(unsafe_code)]
+
 pub mod checkpoint;
 pub mod constants;
 mod error;

@@ -49,6 +49,9 @@
 //! (never written), wrongly lost blocks (EIO without corruption), unexpected errors,
 //! recovery failures, panics and deadlocks.
 
+pub mod serial;
+pub mod stamp;
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -111,6 +114,28 @@ pub enum ViolationKind {
     Panic,
     /// The run stopped making progress (deadlock or livelock).
     Stuck,
+}
+
+impl ViolationKind {
+    /// The kind's name, as in the JSON report.
+    pub fn name(self) -> &'static str {
+        match self {
+            ViolationKind::LostWrite => "lost_write",
+            ViolationKind::StaleRead => "stale_read",
+            ViolationKind::CorruptRead => "corrupt_read",
+            ViolationKind::WronglyLost => "wrongly_lost",
+            ViolationKind::UnexpectedError => "unexpected_error",
+            ViolationKind::RecoveryFailed => "recovery_failed",
+            ViolationKind::Panic => "panic",
+            ViolationKind::Stuck => "stuck",
+        }
+    }
+}
+
+impl std::fmt::Display for ViolationKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 /// One violation, with what is needed to replay it.
@@ -418,7 +443,7 @@ enum Stop {
 fn fresh(world: &World, block: u64) -> Vec<u8> {
     let v = world.next_version.fetch_add(1, Ordering::Relaxed);
     let mut out = vec![0u8; BS];
-    tiercache_engine::torture::stamp(block, v, &mut out);
+    stamp::stamp(block, v, &mut out);
     out
 }
 
@@ -753,7 +778,7 @@ impl Client {
 }
 
 fn describe(block: u64, data: &[u8]) -> String {
-    match tiercache_engine::torture::unstamp(data) {
+    match stamp::unstamp(data) {
         Some((b, v)) if b == block => format!("version {v}"),
         Some((b, v)) => format!("block {b}'s version {v}"),
         None => "unstamped data (torn, zeroed or merged)".into(),
@@ -806,7 +831,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
     let image: Vec<u8> = (0..blocks)
         .flat_map(|b| {
             let mut v = vec![0u8; BS];
-            tiercache_engine::torture::stamp(b, 0, &mut v);
+            stamp::stamp(b, 0, &mut v);
             v
         })
         .collect();

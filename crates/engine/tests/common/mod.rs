@@ -10,21 +10,13 @@ use tiercache_format::Layout;
 
 pub const BS: usize = 4096;
 
-/// A block carrying its number and a version (the simulator's encoding).
-pub fn stamp(block: u64, version: u64) -> Vec<u8> {
-    let mut v = vec![0u8; BS];
-    tiercache_engine::torture::stamp(block, version, &mut v);
-    v
-}
+/// A block carrying its number and a version (the simulators' encoding), and the version
+/// of `block` a read returned if the data is intact and is that block's.
+pub use tiercache_sim::stamp::{stamped as stamp, version_of};
 
 /// Blocks `first..first + n`, each stamped with `version`.
 pub fn stamps(first: u64, n: u64, version: u64) -> Vec<u8> {
     (first..first + n).flat_map(|b| stamp(b, version)).collect()
-}
-
-/// The version of `block` a read returned, if the data is intact and is that block's.
-pub fn version_of(block: u64, data: &[u8]) -> Option<u64> {
-    tiercache_engine::torture::unstamp(data).and_then(|(b, v)| (b == block).then_some(v))
 }
 
 /// A cache of `log_segments` segments of `seg` blocks, and a backing device of `blocks`

@@ -15,15 +15,17 @@
 //! completed one. Every block carries its block number and a version stamp, so a read of
 //! another block's data, a torn block or garbage is told apart from a stale version.
 //!
-//! Single-threaded and deterministic: a failure is replayed exactly from its seed and cycle.
+//! Single-threaded and deterministic (`--mode serial`; the concurrent simulator is this
+//! crate's root module): a failure is replayed exactly from its seed and cycle.
 
-use crate::volume::{Sabotage, Volume, VolumeOptions};
-use crate::{create, CreateOptions};
+use crate::stamp::{stamp, unstamp};
+use crate::ViolationKind;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
 use std::sync::Arc;
 use tiercache_device::{BlockDevice, FailMode, SimClock, SimDevice};
+use tiercache_engine::{create, CreateOptions, Sabotage, Volume, VolumeOptions};
 use tiercache_format::Layout;
 
 const BS: usize = 4096;
@@ -48,8 +50,8 @@ impl Default for TortureConfig {
 pub struct Violation {
     pub seed: u64,
     pub cycle: u64,
-    /// "lost_block", "stale_read", "corrupt_read", "unexpected_error", "recovery_failed".
-    pub kind: &'static str,
+    /// One of lost_write, stale_read, corrupt_read, unexpected_error, recovery_failed.
+    pub kind: ViolationKind,
     pub block: Option<u64>,
     pub detail: String,
 }
@@ -100,25 +102,6 @@ impl BlockModel {
     }
 }
 
-/// Fills a block with its stamp: block number, version, and a pattern derived from both.
-/// (Also used by the process-level crash tests, which check a volume written by a child.)
-pub fn stamp(block: u64, version: u64, out: &mut [u8]) {
-    out[..8].copy_from_slice(&block.to_le_bytes());
-    out[8..16].copy_from_slice(&version.to_le_bytes());
-    let fill = (block as u8) ^ (version as u8).rotate_left(3) ^ 0x5a;
-    out[16..].fill(fill);
-    out[BS - 1] = fill.wrapping_add(1);
-}
-
-/// Decodes a block's stamp `(block, version)` if the whole block is intact.
-pub fn unstamp(data: &[u8]) -> Option<(u64, u64)> {
-    let block = u64::from_le_bytes(data[..8].try_into().ok()?);
-    let version = u64::from_le_bytes(data[8..16].try_into().ok()?);
-    let mut expect = vec![0u8; BS];
-    stamp(block, version, &mut expect);
-    (expect == data).then_some((block, version))
-}
-
 struct Harness {
     seed: u64,
     cycle: u64,
@@ -135,12 +118,12 @@ struct Harness {
 }
 
 impl Harness {
-    fn violation(&mut self, kind: &'static str, block: Option<u64>, detail: String) {
+    fn violation(&mut self, kind: ViolationKind, block: Option<u64>, detail: String) {
         match kind {
-            "lost_block" => self.report.lost_blocks += 1,
-            "stale_read" => self.report.stale_reads += 1,
-            "corrupt_read" => self.report.corrupt_reads += 1,
-            "recovery_failed" => self.report.recovery_failures += 1,
+            ViolationKind::LostWrite => self.report.lost_blocks += 1,
+            ViolationKind::StaleRead => self.report.stale_reads += 1,
+            ViolationKind::CorruptRead => self.report.corrupt_reads += 1,
+            ViolationKind::RecoveryFailed => self.report.recovery_failures += 1,
             _ => self.report.unexpected_errors += 1,
         }
         if self.report.violations.len() < 20 {
@@ -154,7 +137,7 @@ impl Harness {
         match Volume::open(cache, backing, Arc::new(self.clock.clone()), self.options) {
             Ok((v, _)) => Some(v),
             Err(e) => {
-                self.violation("recovery_failed", None, e.to_string());
+                self.violation(ViolationKind::RecoveryFailed, None, e.to_string());
                 None
             }
         }
@@ -169,9 +152,13 @@ impl Harness {
                 if !allowed {
                     if m.all.contains(&v) {
                         let detail = format!("read version {v}, last flushed {}, newer {:?}", m.floor, m.newer);
-                        self.violation("lost_block", Some(block), detail);
+                        self.violation(ViolationKind::LostWrite, Some(block), detail);
                     } else {
-                        self.violation("corrupt_read", Some(block), format!("version {v} was never written here"));
+                        self.violation(
+                            ViolationKind::CorruptRead,
+                            Some(block),
+                            format!("version {v} was never written here"),
+                        );
                     }
                 }
                 let m = &mut self.model[block as usize];
@@ -179,9 +166,13 @@ impl Harness {
                 m.newer.clear();
             }
             Some((b, v)) => {
-                self.violation("corrupt_read", Some(block), format!("holds block {b}'s data (version {v})"));
+                self.violation(
+                    ViolationKind::CorruptRead,
+                    Some(block),
+                    format!("holds block {b}'s data (version {v})"),
+                );
             }
-            None => self.violation("corrupt_read", Some(block), "torn or garbage data served".into()),
+            None => self.violation(ViolationKind::CorruptRead, Some(block), "torn or garbage data served".into()),
         }
     }
 
@@ -192,10 +183,12 @@ impl Harness {
         match unstamp(data) {
             Some((b, v)) if b == block && v == expect => {}
             Some((b, v)) if b == block && m.all.contains(&v) => {
-                self.violation("stale_read", Some(block), format!("read version {v}, expected {expect}"));
+                self.violation(ViolationKind::StaleRead, Some(block), format!("read version {v}, expected {expect}"));
             }
-            Some((b, v)) => self.violation("corrupt_read", Some(block), format!("read block {b} version {v}")),
-            None => self.violation("corrupt_read", Some(block), "torn or garbage data".into()),
+            Some((b, v)) => {
+                self.violation(ViolationKind::CorruptRead, Some(block), format!("read block {b} version {v}"))
+            }
+            None => self.violation(ViolationKind::CorruptRead, Some(block), "torn or garbage data".into()),
         }
     }
 
@@ -204,7 +197,9 @@ impl Harness {
         for block in 0..self.blocks {
             match volume.read(block * BS as u64, &mut buf) {
                 Ok(()) => self.check_after_crash(block, &buf),
-                Err(e) => self.violation("lost_block", Some(block), format!("read after recovery failed: {e}")),
+                Err(e) => {
+                    self.violation(ViolationKind::LostWrite, Some(block), format!("read after recovery failed: {e}"))
+                }
             }
         }
     }
@@ -292,7 +287,7 @@ impl Harness {
             if let Err(e) = ok {
                 let injected = self.failed_ops() > failed_before;
                 if !(faults_armed && injected) {
-                    self.violation("unexpected_error", None, e.to_string());
+                    self.violation(ViolationKind::UnexpectedError, None, e.to_string());
                 }
                 return false; // stop and crash
             }
@@ -340,7 +335,7 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
         ..CreateOptions::default()
     };
     if let Err(e) = create(&*h.cache, &*h.backing, &opts) {
-        h.violation("recovery_failed", None, format!("create failed: {e}"));
+        h.violation(ViolationKind::RecoveryFailed, None, format!("create failed: {e}"));
         return h.report;
     }
     for cycle in 0..config.cycles {
@@ -376,7 +371,7 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
         if completed && !armed && h.rng.gen_bool(0.1) {
             // A clean shutdown: everything flushed, nothing may be lost or replayed wrongly.
             if let Err(e) = volume.shutdown() {
-                h.violation("unexpected_error", None, format!("shutdown: {e}"));
+                h.violation(ViolationKind::UnexpectedError, None, format!("shutdown: {e}"));
             } else {
                 for m in &mut h.model {
                     m.floor = m.current();
@@ -407,20 +402,6 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
         }
     }
     h.report
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stamps_round_trip_and_detect_damage() {
-        let mut b = vec![0u8; BS];
-        stamp(7, 99, &mut b);
-        assert_eq!(unstamp(&b), Some((7, 99)));
-        b[600] ^= 1;
-        assert_eq!(unstamp(&b), None);
-    }
 }
 
 #[cfg(test)]
