@@ -46,7 +46,24 @@ pub enum EngineError {
     #[error("{count} block(s) lost: their only copy (dirty, on the cache device) failed its checksum, and the backing device holds an older version; they read as I/O errors until rewritten. Blocks: {}", fmt_blocks(blocks))]
     LostBlocks { count: u64, blocks: Vec<u64> },
     #[error("cache metadata is corrupt: {0}")]
-    Corrupt(String),
+    Corrupt(Corruption),
+    #[error("{count} dirty blocks could not be written back: they kept moving or failing (see the log for errors)")]
+    WriteBackStuck { count: u64 },
+}
+
+/// What is corrupt in the cache's metadata (`EngineError::Corrupt`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Corruption {
+    #[error("no valid checkpoint: area 0: {area0}; area 1: {area1}")]
+    NoValidCheckpoint { area0: String, area1: String },
+    #[error("checkpoint names block {block} beyond the backing device")]
+    CheckpointBeyondBacking { block: u64 },
+    #[error("{count} blocks are lost to checksum failures, more than the {max} this cache can remember: the cache device is failing")]
+    TooManyLost { count: u64, max: u64 },
+    #[error("record at log position {position} claims position {claimed}")]
+    RecordMisplaced { position: u64, claimed: u64 },
+    #[error("record header at log position {position}: {reason}")]
+    RecordHeader { position: u64, reason: String },
 }
 
 impl EngineError {

@@ -14,7 +14,7 @@
 //! [`Volume::read`], [`Volume::write`], [`Volume::flush`], [`Volume::discard`] serve I/O;
 //! [`Background`] runs the destager and the staging writer. The crash simulators live in
 //! the `tiercache-sim` crate; the deliberately broken commit orders they must catch are
-//! compiled in only with this crate's `sabotage` feature.
+//! compiled in only with this crate's `testing` feature.
 
 #![forbid(unsafe_code)]
 
@@ -27,10 +27,10 @@ mod sabotage;
 mod volume;
 
 pub use check::CheckReport;
-pub use error::{EngineError, Result, Role};
+pub use error::{Corruption, EngineError, Result, Role};
 pub use index::{index_ram_bytes, IndexEntry};
 pub use open::{create, read_superblock, CreateOptions, OpenReport};
-#[cfg(feature = "sabotage")]
+#[cfg(feature = "testing")]
 pub use sabotage::Sabotage;
 pub use volume::{Counters, Volume, VolumeOptions};
 
@@ -44,8 +44,8 @@ pub use tiercache_device::Clock;
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct Status {
     pub mode: String,
-    /// "ok", or "failed" after a cache-device write or flush error.
-    pub state: String,
+    /// `ok`, or `failed` after a cache-device write or flush error.
+    pub state: VolumeState,
     pub failure: Option<String>,
     pub uuid: String,
     pub backing_path: String,
@@ -78,6 +78,24 @@ pub struct Status {
     pub checkpoint_position: u64,
     pub next_sequence: u64,
     pub counters: Counters,
+}
+
+/// Whether the volume serves writes (`status` prints it as `ok` or `failed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VolumeState {
+    Ok,
+    /// A cache-device write or flush failed: writes are refused, clean data still reads.
+    Failed,
+}
+
+impl std::fmt::Display for VolumeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            VolumeState::Ok => "ok",
+            VolumeState::Failed => "failed",
+        })
+    }
 }
 
 /// The background worker of a volume: writes out staged data after a while, destages between

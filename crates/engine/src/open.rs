@@ -25,7 +25,7 @@
 //! | | more lost blocks than the checkpoint can remember | refuse to open (the device is failing) |
 //! | open | every run | flush, recheck lost blocks against the backing device by CRC, new epoch, checkpoint, serve |
 
-use crate::error::{EngineError, Result};
+use crate::error::{Corruption, EngineError, Result};
 use crate::index::{Index, IndexEntry};
 use crate::volume::{read_log, Recovered, Volume, VolumeOptions};
 use std::collections::BTreeMap;
@@ -272,15 +272,15 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
         [Ok(a), Err(_)] => a,
         [Err(_), Ok(b)] => b,
         [Err(ea), Err(eb)] => {
-            return Err(EngineError::Corrupt(format!("no valid checkpoint: area 0: {ea}; area 1: {eb}")));
+            return Err(EngineError::Corrupt(Corruption::NoValidCheckpoint {
+                area0: ea.to_string(),
+                area1: eb.to_string(),
+            }));
         }
     };
     let backing_blocks = sb.backing_size_bytes / bs as u64;
     if let Some(e) = entries.iter().find(|e| e.backing_block >= backing_blocks) {
-        return Err(EngineError::Corrupt(format!(
-            "checkpoint names block {} beyond the backing device",
-            e.backing_block
-        )));
+        return Err(EngineError::Corrupt(Corruption::CheckpointBeyondBacking { block: e.backing_block }));
     }
 
     // Pass 1: find the valid log tail, keeping the headers. The chain is followed through
@@ -423,7 +423,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
                     index.remove(e.backing_block);
                 }
                 EntryKind::Lost => {
-                    // Never written after newer data of the block (see volume.rs, `Lost`).
+                    // Never written after newer data of the block (see volume/mod.rs, `Lost`).
                     index.remove(e.backing_block);
                     lost.insert(e.backing_block, (e.ref_position, e.data_crc));
                 }
@@ -433,10 +433,7 @@ pub(crate) fn recover(cache: &dyn BlockDevice) -> Result<Recovered> {
     let replayed = records.len() as u64;
     let max_lost = Layout::max_lost_blocks_for(log_blocks) as usize;
     if lost.len() > max_lost {
-        return Err(EngineError::Corrupt(format!(
-            "{} blocks are lost to checksum failures, more than the {max_lost} this cache can remember: the cache device is failing",
-            lost.len()
-        )));
+        return Err(EngineError::Corrupt(Corruption::TooManyLost { count: lost.len() as u64, max: max_lost as u64 }));
     }
     Ok(Recovered {
         superblock: sb,

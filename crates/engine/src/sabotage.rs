@@ -1,11 +1,11 @@
 //! Deliberately broken commit orders, to prove that the simulators catch them
 //! (`tiercache torture --sabotage`, and the simulators' own tests).
 //!
-//! Test machinery, compiled in only with the `sabotage` feature (the simulator crate turns
+//! Test machinery, compiled in only with the `testing` feature (the simulator crate turns
 //! it on; a production build with `--no-default-features` leaves it out). Without it the
 //! [`sabotaged!`] checks in the engine are the constant `false`.
 
-#[cfg(feature = "sabotage")]
+#[cfg(feature = "testing")]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub enum Sabotage {
     #[default]
@@ -26,7 +26,7 @@ pub enum Sabotage {
     NoRecoveryEpoch,
 }
 
-#[cfg(feature = "sabotage")]
+#[cfg(feature = "testing")]
 impl Sabotage {
     pub const ALL: [Sabotage; 6] = [
         Sabotage::FlushSkipsCacheFlush,
@@ -53,9 +53,9 @@ impl Sabotage {
 /// Whether the volume `$v` runs with the named sabotage (always false without the feature).
 macro_rules! sabotaged {
     ($v:expr, $which:ident) => {{
-        #[cfg(feature = "sabotage")]
+        #[cfg(feature = "testing")]
         let on = $v.options.sabotage == $crate::sabotage::Sabotage::$which;
-        #[cfg(not(feature = "sabotage"))]
+        #[cfg(not(feature = "testing"))]
         let on = {
             let _ = &$v;
             false

@@ -4,7 +4,7 @@
 //! for good at a random I/O. After the crash and recovery, every block reads as a version at
 //! least as new as the last one whose FLUSH returned Ok, and never anything not written.
 //!
-//! The single-threaded simulator (src/torture.rs) cannot see races between group commit,
+//! The single-threaded simulator (crates/sim/src/serial.rs) cannot see races between group commit,
 //! reclaim markers and the background thread; this test exists for them.
 
 use rand::{Rng, SeedableRng};

@@ -1,0 +1,136 @@
+//! Background work (one round per `BACKGROUND_PERIOD_MS`, or when woken): staged data
+//! written out when old or full, write-back between the dirty watermarks, the head
+//! pre-cleaned ahead of the writer; and the write backpressure above the high watermark.
+
+use super::*;
+
+impl Volume {
+    /// One round of background work: write out old staged data, destage between the
+    /// watermarks, pre-clean the head when free space runs low.
+    pub fn background_tick(&self) -> Result<()> {
+        let (low, high) = (self.dirty_low_blocks, self.dirty_high_blocks);
+        let (stale, dirty) = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            let now = self.clock.now_ns();
+            let stale =
+                st.staging.first_staged_ns.is_some_and(|t| now.saturating_sub(t) > STAGING_MAX_AGE_MS * 1_000_000);
+            (stale, (st.index.dirty_len() + st.staging.data.len()) as u64)
+        };
+        self.write_out_in_background(stale)?;
+        let active = {
+            let mut st = self.lock();
+            if dirty > high {
+                st.destaging = true;
+            } else if dirty <= low {
+                st.destaging = false;
+            }
+            st.destaging
+        };
+        if active {
+            self.write_back_above_watermark(low)
+        } else {
+            self.preclean_below_watermark()
+        }
+    }
+
+    /// Writes out staged data that has waited long enough (`stale`) or fills the buffer
+    /// (readers' admissions wake this thread for it), and a long MarkClean queue in
+    /// metadata-only records (a block holds 168 of them), so that a crash does not make
+    /// recovery write back again what was already written back.
+    fn write_out_in_background(&self, stale: bool) -> Result<()> {
+        let (meta_backlog, full) = {
+            let st = self.lock();
+            (st.pending_meta.len() > RECORD_ENTRIES, st.staging.data.len() >= st.staging.data_limit())
+        };
+        if stale || meta_backlog || full {
+            if let Some(mut io) = self.try_lock_io() {
+                for _ in 0..META_RECORDS_PER_TICK {
+                    self.write_out(&mut io)?;
+                    if self.lock().pending_meta.len() <= RECORD_ENTRIES {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Above the high watermark (until below the low one): the oldest dirty blocks first
+    /// (they are what reclaim would otherwise copy forward again), then the elevator through
+    /// the rest; batch after batch, so that write-back runs at the backing device's pace, not
+    /// one batch per period.
+    fn write_back_above_watermark(&self, low: u64) -> Result<()> {
+        for _ in 0..PRECLEAN_BATCHES_PER_TICK {
+            if self.destage_oldest(DESTAGE_BATCH_BLOCKS)? == 0 && self.destage_step(DESTAGE_BATCH_BLOCKS)? == 0 {
+                break;
+            }
+            if (self.lock().index.dirty_len() as u64) <= low {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Below the watermark dirty data stays cached, except where the writer is about to need
+    /// its space: the head's densely dirty stretches within the horizon are written back
+    /// ahead of it (large sorted batches, off the writer's path), so reclaim finds them clean
+    /// instead of writing them back itself, segment by segment, while writers wait; sparsely
+    /// dirty ones are left to reclaim's copy-forward, which costs less.
+    fn preclean_below_watermark(&self) -> Result<()> {
+        for _ in 0..PRECLEAN_BATCHES_PER_TICK {
+            let short = {
+                let st = self.lock();
+                st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st)
+            };
+            if !short || self.preclean(DESTAGE_BATCH_BLOCKS, true)? == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Marks the volume as having a background thread (enables write backpressure), and
+    /// names the thread to wake when staging fills.
+    pub(crate) fn set_background(&self, thread: Option<std::thread::Thread>) {
+        self.background.store(thread.is_some(), Ordering::Relaxed);
+        *self.background_thread.lock().expect("background thread handle") = thread;
+    }
+
+    /// Wakes the background thread, if there is one.
+    pub(super) fn wake_background(&self) -> bool {
+        match &*self.background_thread.lock().expect("background thread handle") {
+            Some(t) => {
+                t.unpark();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Above the high watermark, writes wait in proportion to how close the log is to full of
+    /// dirty data, so the destager catches up smoothly instead of writes stalling at the end.
+    pub(super) fn backpressure(&self) {
+        if !self.background.load(Ordering::Relaxed) {
+            return;
+        }
+        let delay_us = {
+            let mut st = self.lock();
+            let log = self.layout.log_blocks;
+            let high = self.dirty_high_blocks;
+            let dirty = st.index.dirty_len() as u64;
+            if dirty <= high || log <= high {
+                return;
+            }
+            st.counters.throttled_writes += 1;
+            MAX_WRITE_DELAY_US * (dirty - high) / (log - high)
+        };
+        std::thread::sleep(std::time::Duration::from_micros(delay_us));
+    }
+
+    /// Makes everything durable and writes a checkpoint, so the next open replays nothing.
+    pub fn shutdown(&self) -> Result<()> {
+        self.flush()?;
+        self.checkpoint()
+    }
+}

@@ -1,0 +1,223 @@
+//! The record writer and group commit: staging sealed into a record (one header block, then
+//! the data blocks), written at the tail in sequence order under the io lock, and FLUSH,
+//! which makes every record written so far durable with one cache-device flush shared by
+//! every caller waiting (docs/format.md §4.2).
+
+use super::*;
+
+/// A record sealed from staging, between its seal and the end of its write.
+struct Sealed {
+    position: u64,
+    blocks: u64,
+    buf: Arc<AlignedBuf>,
+    /// Blocks whose Lost entry this record carries.
+    losses: Vec<u64>,
+}
+
+impl Volume {
+    /// Makes every write completed before this call durable. Concurrent callers share one
+    /// record write and one cache-device flush (group commit).
+    pub fn flush(&self) -> Result<()> {
+        let target = {
+            let mut st = self.lock();
+            st.check_poisoned()?;
+            st.counters.flush_requests += 1;
+            st.sealed + u64::from(st.staging.has_dirty())
+        };
+        let mut io = self.lock_io();
+        {
+            let st = self.lock();
+            st.check_poisoned()?;
+            if st.durable_sealed >= target {
+                return Ok(()); // a flush that started after our writes already covered them
+            }
+        }
+        self.write_out(&mut io)?;
+        self.flush_cache(sabotaged!(self, FlushSkipsCacheFlush))
+    }
+
+    /// Flushes the cache device; afterwards every record written so far is durable.
+    /// Called with the io lock held.
+    pub(super) fn flush_cache(&self, skip: bool) -> Result<()> {
+        // With the io lock held no record write is in progress: every sequence below
+        // `next_seq` has been written and this flush covers it.
+        let (upto, written_seq) = {
+            let st = self.lock();
+            (st.sealed, st.next_seq - 1)
+        };
+        if !skip {
+            self.cache_io("flushing the cache device", self.cache.flush())?;
+        }
+        let mut st = self.lock();
+        // Another thread's failed write or flush poisons the volume: a later successful flush
+        // must not report durability (no retried fsync).
+        st.check_poisoned()?;
+        st.durable_sealed = st.durable_sealed.max(upto);
+        if !skip {
+            st.durable_seq = st.durable_seq.max(written_seq);
+        }
+        st.counters.cache_flushes += 1;
+        Ok(())
+    }
+
+    /// Seals and writes whatever is staged (no flush).
+    pub(super) fn commit(&self) -> Result<()> {
+        let mut io = self.lock_io();
+        self.write_out(&mut io)
+    }
+
+    /// Seals the staging buffer into a record and writes it at the tail, reclaiming space
+    /// first if needed. Called with the io lock held (`io` is the lock's content).
+    pub(super) fn write_out(&self, io: &mut IoBuffers) -> Result<()> {
+        let Some(mut st) = self.staged_with_room(io)? else { return Ok(()) };
+        let sealed = self.seal_staging(&mut st, io);
+        drop(st);
+
+        let bs = self.bs;
+        let result = self.write_log(sealed.position, &sealed.buf[..sealed.blocks as usize * bs]);
+        // (On failure the record stays in `inflight`: reads keep seeing its data; nothing
+        // more is written.)
+        self.cache_io("writing a log record", result)?;
+        let mut st = self.lock();
+        self.install_record(&mut st, io, sealed);
+        self.check_invariants(&st);
+        let due = st.tail - st.checkpoint_position
+            > self.layout.log_blocks * self.options.checkpoint_interval_permille / 1000;
+        drop(st);
+        if due {
+            self.checkpoint_locked()?;
+        }
+        Ok(())
+    }
+
+    /// Fills the staging record's metadata (unlogged losses, queued MarkClean and TRIM
+    /// entries) and makes room for it at the tail, reclaiming as needed. Returns the state
+    /// guard with room for the record, or `None` if there is nothing to write.
+    fn staged_with_room(&self, io: &mut IoBuffers) -> Result<Option<StateGuard<'_>>> {
+        loop {
+            let mut st = self.lock();
+            st.check_poisoned()?;
+            self.stage_lost_entries(&mut st);
+            while st.staging.entries() < st.staging.limit {
+                match st.pending_meta.pop_front() {
+                    Some(m) => st.staging.meta.push(m),
+                    None => break,
+                }
+            }
+            if st.staging.is_empty() {
+                return Ok(None);
+            }
+            let blocks = 1 + st.staging.data.len() as u64;
+            let need = blocks + self.reclaim_reserve();
+            if st.tail + need <= st.head + self.layout.log_blocks {
+                return Ok(Some(st));
+            }
+            drop(st);
+            self.reclaim(io, need)?;
+        }
+    }
+
+    /// The header of the next record at the tail, naming `head_position` as the head and
+    /// carrying `entries` (shared by the record writer and reclaim).
+    pub(super) fn record_header(&self, st: &State, head_position: u64, entries: Vec<RecordEntry>) -> RecordHeader {
+        RecordHeader {
+            sequence: st.next_seq,
+            position: st.tail,
+            head_position,
+            prev_checksum: st.last_header_crc,
+            epoch: st.epoch,
+            durable_back: RecordHeader::durable_back_for(st.next_seq, st.durable_seq),
+            entries,
+        }
+    }
+
+    /// A record of `blocks` blocks whose header checksum is `crc` now follows at the tail.
+    pub(super) fn advance_tail(st: &mut State, blocks: u64, crc: u32) {
+        st.tail += blocks;
+        st.next_seq += 1;
+        st.last_header_crc = crc;
+    }
+
+    /// Seals staging into a record at the tail: encodes its header, swaps the buffer out for
+    /// the spare one (staging starts empty) and makes it the record in flight, which reads
+    /// are served from until it is written.
+    fn seal_staging(&self, st: &mut State, io: &mut IoBuffers) -> Sealed {
+        let bs = self.bs;
+        let blocks = 1 + st.staging.data.len() as u64;
+        let position = st.tail;
+        // Metadata first: a TRIM or MarkClean was queued before any data of the same block
+        // staged after it, and replay applies entries in order.
+        let entries = st
+            .staging
+            .meta
+            .iter()
+            .copied()
+            .chain(st.staging.data.iter().map(|&(b, kind, crc)| RecordEntry {
+                kind,
+                backing_block: b,
+                data_crc: crc,
+                ref_position: 0,
+            }))
+            .collect();
+        let header = self.record_header(st, st.head, entries);
+        let crc = header.encode(self.uuid_low, &mut st.staging.buf[..bs]);
+        let losses = header.entries.iter().filter(|e| e.kind == EntryKind::Lost).map(|e| e.backing_block).collect();
+        let fresh = io.spare.take().expect("spare record buffer present while not poisoned");
+        let buf = Arc::new(std::mem::replace(&mut st.staging.buf, fresh));
+        // The containers swap with the previous record's (recycled, so no allocation here).
+        let (spare_data, spare_map) = (std::mem::take(&mut st.spare_data), std::mem::take(&mut st.spare_map));
+        let data = std::mem::replace(&mut st.staging.data, spare_data);
+        let map = std::mem::replace(&mut st.staging.map, spare_map);
+        st.staging.meta.clear();
+        st.staging.first_staged_ns = None;
+        st.inflight = Some(Inflight { buf: Arc::clone(&buf), data, map });
+        Self::advance_tail(st, blocks, crc);
+        st.sealed += 1;
+        let now = self.clock.now_ns();
+        if st.age_samples.back().is_none_or(|&(_, t)| now > t + 1_000_000) {
+            if st.age_samples.len() == AGE_SAMPLES {
+                st.age_samples.pop_front();
+            }
+            st.age_samples.push_back((position, now));
+        }
+        debug_assert!(
+            st.tail + self.reclaim_reserve() <= st.head + self.layout.log_blocks,
+            "the reclaim reserve stays free"
+        );
+        Sealed { position, blocks, buf, losses }
+    }
+
+    /// A sealed record was written: its blocks enter the index, losses it logged or
+    /// superseded are settled, and its containers go back to the spares.
+    fn install_record(&self, st: &mut State, io: &mut IoBuffers, sealed: Sealed) {
+        let Sealed { position: pos, blocks, buf, losses } = sealed;
+        st.written_tail = pos + blocks;
+        for e in losses {
+            if let Some(l) = st.lost.get_mut(&e) {
+                if l.logged == Logged::Staged {
+                    l.logged = Logged::Yes;
+                }
+            }
+        }
+        let mut inflight = st.inflight.take().expect("inflight record");
+        for (k, &(block, kind, crc)) in inflight.data.iter().enumerate() {
+            if inflight.map.get(&block) == Some(&k) {
+                let slot = self.layout.slot(pos + 1 + k as u64);
+                st.index
+                    .insert(block, IndexEntry { slot, dirty: kind == EntryKind::DataDirty, referenced: false, crc });
+                if kind == EntryKind::DataDirty {
+                    // Newer data of a lost block is now in a written record: the loss is over,
+                    // and no Lost entry for it may be written after this record.
+                    st.lost.remove(&block);
+                }
+            }
+        }
+        st.counters.records_written += 1;
+        inflight.data.clear();
+        inflight.map.clear();
+        st.spare_data = std::mem::take(&mut inflight.data);
+        st.spare_map = std::mem::take(&mut inflight.map);
+        drop(inflight);
+        io.spare = Some(Arc::try_unwrap(buf).expect("no other owner of a written record buffer"));
+    }
+}

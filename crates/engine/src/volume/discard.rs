@@ -1,0 +1,39 @@
+//! TRIM: dropping clean cached copies of a range the client no longer uses.
+
+use super::*;
+
+impl Volume {
+    /// A hint that a range is unused (NBD TRIM, FUSE punch-hole): drops its clean cached
+    /// copies to make room. Dirty blocks stay and are written back as usual, so a read after a
+    /// TRIM returns the last data written, never a half-written block of the backing device
+    /// (which a write-back interrupted by a crash may have left torn, while the cache held
+    /// the good copy). Dropping a clean copy needs no log record: if a crash resurrects it,
+    /// it equals the backing device's copy.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check_request(offset, len)?;
+        let bs = self.bs as u64;
+        let (first, end) = (offset / bs, (offset + len) / bs);
+        let mut st = self.lock();
+        st.check_poisoned()?;
+        let clean: Vec<u64> = if end - first > st.index.len() as u64 {
+            st.index.iter().filter(|(b, e)| !e.dirty && (first..end).contains(b)).map(|(b, _)| b).collect()
+        } else {
+            (first..end).filter(|&b| st.index.get(b).is_some_and(|e| !e.dirty)).collect()
+        };
+        for b in clean {
+            st.index.remove(b);
+            st.counters.evicted_blocks += 1;
+        }
+        let staged_clean: Vec<u64> = st
+            .staging
+            .data
+            .iter()
+            .filter(|(b, kind, _)| *kind == EntryKind::DataClean && (first..end).contains(b))
+            .map(|(b, _, _)| *b)
+            .collect();
+        for b in staged_clean {
+            st.staging.remove(b, self.bs);
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,520 @@
+//! The hybrid volume: a write-back cache on a log-structured cache device in front of a
+//! backing device. docs/format.md is the authoritative description of the commit protocol
+//! and the crash argument; this header is the map of the code.
+//!
+//! The files of this module, in the order a write travels:
+//! - `staging.rs`: blocks written into RAM, laid out as the record they will be sealed into;
+//! - `write.rs`: the write path (`write`, byte-range writes, write-zeroes);
+//! - `commit.rs`: the record writer and group commit (`flush`, sealing a record, writing it
+//!   at the tail, the cache-device flush that makes it durable);
+//! - `reclaim.rs`: making room at the head of the log (evict clean, write back or copy
+//!   forward dirty, the reclaim record that moves the head);
+//! - `checkpoint.rs`: the index written whole, so that recovery replays only what follows;
+//! - `read.rs`: the read path (staging, the record in flight, the cache, the backing device;
+//!   admission of misses);
+//! - `lost.rs`: dirty copies that fail their checksum: lost, or repaired from the backing
+//!   device;
+//! - `discard.rs`: TRIM;
+//! - `writeback.rs`: write-back (destage) in batches, the head pre-cleaner, `write_back_all`;
+//! - `background.rs`: the background round (staging age, watermarks, pre-cleaning) and write
+//!   backpressure;
+//! - `log_io.rs`: reading and writing log positions (wrap-around, runs of slots);
+//! - `status.rs`: what `status`, `check` and the simulators see.
+//!
+//! Data path:
+//! - `write` stages blocks in RAM (the volume is a disk with a volatile write cache); a full
+//!   staging buffer is sealed into a log record (header + data, one sequential write).
+//! - `flush` seals what is staged, writes it, and flushes the cache device once; concurrent
+//!   callers share that flush (group commit). The backing device is not touched.
+//! - `read` serves staging, the record being written, the cache device (checksum-verified),
+//!   or the backing device (admitting small misses into the cache as clean blocks).
+//!
+//! Locks, always taken in this order: `rmw` (read-modify-write of partial blocks),
+//! `io` (the log writer: one record write, reclaim or checkpoint at a time, in sequence
+//! order), `destage` (one write-back batch at a time, so a block is never written back twice
+//! concurrently), `state` (index, staging, positions; never held across I/O). The
+//! superblock's lock is a leaf taken with none of the others' guards alive across it.
+//! (`cargo test` builds check the order: see `LockOrder`.)
+//!
+//! Invariants (asserted at the exits of the record writer, reclaim and checkpoint, in
+//! `check_invariants`):
+//! - every index entry names a slot whose position is in `[head, tail)`;
+//! - `tail + reclaim_reserve <= head + log_blocks` after every record write, where the
+//!   reserve is `1 + copy_forward_max`: the reclaim record (its header and the blocks it
+//!   copies forward) always fits, in space that recovery no longer points into;
+//! - `head <= checkpoint position`: replay always starts at or after the head;
+//! - records are written in sequence order; `durable_sealed <= sealed`, and `durable_sealed`
+//!   only grows, and only after a cache-device flush that started after those records were
+//!   written (it counts sealed staging buffers, not sequence numbers, which reclaim records
+//!   also consume).
+
+mod background;
+mod checkpoint;
+mod commit;
+mod discard;
+mod lock_order;
+mod log_io;
+mod lost;
+mod read;
+mod reclaim;
+mod staging;
+mod status;
+mod write;
+mod writeback;
+
+pub(crate) use log_io::read_log;
+
+/// The state lock's guard (see `lock_order`).
+type StateGuard<'a> = lock_order::Ranked<MutexGuard<'a, State>>;
+
+use crate::constants::*;
+use crate::error::{Corruption, EngineError, Result};
+use crate::index::{Index, IndexEntry};
+use crate::sabotage::sabotaged;
+use serde::Serialize;
+use staging::Staging;
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, MutexGuard};
+use tiercache_device::{AlignedBuf, BlockDevice, Clock, DeviceError};
+use tiercache_format::{
+    checksum, uuid_low64, CheckpointEntry, CheckpointHeader, EntryKind, Fingerprint, Layout, RecordEntry, RecordHeader,
+    Superblock, FINGERPRINT_BLOCKS,
+};
+// The engine's locks yield to the simulator's scheduler inside a simulation (and are plain
+// std mutexes otherwise): see tiercache-sched.
+use tiercache_sched::Mutex;
+
+/// Run-time options of an open volume.
+#[derive(Debug, Clone, Copy)]
+pub struct VolumeOptions {
+    /// Read requests larger than this are not admitted into the cache.
+    pub admit_max_request_bytes: u64,
+    /// Checkpoint when this share of the log (per mille) was written since the last one.
+    pub checkpoint_interval_permille: u64,
+    /// Dirty watermarks (low, high) in per mille of the log for this run, instead of the ones
+    /// recorded at format (`serve --dirty-low/--dirty-high` or its config file).
+    pub dirty_watermarks_permille: Option<(u16, u16)>,
+    /// Test machinery: a deliberately broken commit order (the `testing` feature).
+    #[cfg(feature = "testing")]
+    pub sabotage: crate::Sabotage,
+}
+
+impl Default for VolumeOptions {
+    fn default() -> Self {
+        VolumeOptions {
+            admit_max_request_bytes: ADMIT_MAX_REQUEST_BYTES,
+            checkpoint_interval_permille: CHECKPOINT_INTERVAL_PERMILLE,
+            dirty_watermarks_permille: None,
+            #[cfg(feature = "testing")]
+            sabotage: crate::Sabotage::None,
+        }
+    }
+}
+
+/// The log writer's buffers, owned by its lock: the next staging buffer, and the buffer in
+/// which reclaim assembles the record of blocks it copies forward.
+struct IoBuffers {
+    spare: Option<AlignedBuf>,
+    copy: AlignedBuf,
+}
+
+/// A sealed record whose write is in progress (or failed): reads are served from it.
+struct Inflight {
+    buf: Arc<AlignedBuf>,
+    /// The sealed data entries (recycled into staging once written).
+    data: Vec<(u64, EntryKind, u32)>,
+    /// Backing block -> data index.
+    map: HashMap<u64, usize>,
+}
+
+/// Counters, reported by `status`.
+#[derive(Debug, Clone, Copy, Default, Serialize, serde::Deserialize)]
+pub struct Counters {
+    pub read_requests: u64,
+    pub write_requests: u64,
+    pub flush_requests: u64,
+    pub read_hit_blocks: u64,
+    pub read_miss_blocks: u64,
+    pub admitted_blocks: u64,
+    pub written_blocks: u64,
+    pub records_written: u64,
+    pub cache_flushes: u64,
+    pub destaged_blocks: u64,
+    pub backing_flushes: u64,
+    pub reclaimed_blocks: u64,
+    /// Live dirty blocks that reclaim moved to the tail instead of writing them back.
+    pub copied_forward_blocks: u64,
+    pub evicted_blocks: u64,
+    pub checkpoints: u64,
+    pub repaired_blocks: u64,
+    pub throttled_writes: u64,
+}
+
+struct State {
+    index: Index,
+    staging: Staging,
+    inflight: Option<Inflight>,
+    /// Oldest live log position (everything below it may be overwritten).
+    head: u64,
+    /// Next log position to write (a record boundary).
+    tail: u64,
+    next_seq: u64,
+    last_header_crc: u32,
+    /// Staging buffers sealed into records so far, and how many of those are durable. FLUSH
+    /// compares these (not sequence numbers, which reclaim markers also consume).
+    sealed: u64,
+    durable_sealed: u64,
+    /// The highest record sequence known durable (written before a completed cache flush);
+    /// each record carries it (`durable_back`) as evidence for recovery.
+    durable_seq: u64,
+    /// Where the last completed record write ends: log walkers never read past it (a record
+    /// between here and `tail` is still being written).
+    written_tail: u64,
+    /// The background pre-cleaner has looked at every record before this position.
+    precleaned_until: u64,
+    checkpoint_position: u64,
+    /// The position of the checkpoint before it (in the other area): recovery falls back to
+    /// it if the newest one is unreadable.
+    older_checkpoint_position: u64,
+    checkpoint_seq: u64,
+    pending_meta: VecDeque<RecordEntry>,
+    /// Emptied containers of the last written record, reused by the next seal.
+    spare_data: Vec<(u64, EntryKind, u32)>,
+    spare_map: HashMap<u64, usize>,
+    /// Read-miss fills in flight: block -> (readers, cancelled by a write or trim).
+    fills: HashMap<u64, (u32, bool)>,
+    /// Dirty blocks whose only copy failed its checksum: reads fail until a record holding
+    /// newer data of the block is written (see `Lost`).
+    lost: BTreeMap<u64, Lost>,
+    /// The epoch of the records this run writes (one more than recovery found).
+    epoch: u64,
+    poisoned: Option<String>,
+    /// (log position, clock ns) of recent records, to date the oldest dirty block.
+    age_samples: VecDeque<(u64, u64)>,
+    counters: Counters,
+    destaging: bool,
+}
+
+impl State {
+    fn check_poisoned(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(reason) => Err(EngineError::Poisoned { reason: reason.clone() }),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, reason: String) {
+        if self.poisoned.is_none() {
+            tracing::error!(%reason, "volume failed; writes refused from now on");
+            self.poisoned = Some(reason);
+        }
+    }
+
+    fn cancel_fill(&mut self, block: u64) {
+        if let Some(f) = self.fills.get_mut(&block) {
+            f.1 = true;
+        }
+    }
+
+    /// One reader is done with its fill of `block`; returns whether the fill was cancelled.
+    fn end_fill(&mut self, block: u64) -> bool {
+        let f = self.fills.get_mut(&block).expect("registered fill");
+        f.0 -= 1;
+        let cancelled = f.1;
+        if f.0 == 0 {
+            self.fills.remove(&block);
+        }
+        cancelled
+    }
+}
+
+/// A lost block: its only dirty copy (at `position`) failed its checksum. It reads as an I/O
+/// error until a record holding newer data of it is written; then the entry goes.
+///
+/// Durability (docs/format.md, "lost blocks"): the loss is written as a `Lost` entry into the
+/// next record sealed (`logged`), and as a tombstone into every checkpoint while the entry
+/// exists, so it survives the head passing `position` and any restart. A `Lost` entry is
+/// never written after a record holding newer data of the block: the entry leaves this map
+/// exactly when such a record is written, and a record never carries both (its own data
+/// supersedes the loss).
+#[derive(Debug, Clone, Copy)]
+struct Lost {
+    position: u64,
+    /// The CRC of the lost version: if the backing device turns out to hold exactly it (a
+    /// write-back whose MarkClean a crash dropped), the block is not lost after all.
+    crc: u32,
+    logged: Logged,
+}
+
+/// How far a loss has reached the medium.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Logged {
+    /// Only in RAM.
+    No,
+    /// A `Lost` entry is in the staging record being sealed, not yet written: reclaim (which
+    /// runs before that record is written) must still log it itself.
+    Staged,
+    /// A `Lost` entry is in a written record, or a checkpoint holds its tombstone.
+    Yes,
+}
+
+/// A block picked for write-back, with the exact version it names: the log position of its
+/// copy when the batch was taken. Positions never repeat (slots do, a lap later), so
+/// "still current" is "the index still names this position".
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Picked {
+    block: u64,
+    entry: IndexEntry,
+    position: u64,
+}
+
+/// A hybrid volume. Cheap to share: wrap in an `Arc` and call from many threads.
+pub struct Volume {
+    pub(crate) cache: Arc<dyn BlockDevice>,
+    pub(crate) backing: Arc<dyn BlockDevice>,
+    clock: Arc<dyn Clock>,
+    pub(crate) layout: Layout,
+    uuid_low: u64,
+    bs: usize,
+    backing_blocks: u64,
+    options: VolumeOptions,
+    /// The log writer's lock; holds its buffers.
+    io: Mutex<IoBuffers>,
+    /// Most entries in a record (see `Staging::limit`).
+    staging_limit: usize,
+    /// The destager's lock; holds the elevator cursor.
+    destage: Mutex<u64>,
+    state: Mutex<State>,
+    superblock: Mutex<Superblock>,
+    /// Serialises read-modify-write of partial blocks (`write_bytes`).
+    rmw: Mutex<()>,
+    /// Dirty watermarks in blocks (fixed while open; copied so that no path takes the
+    /// superblock lock while holding the state lock).
+    dirty_low_blocks: u64,
+    dirty_high_blocks: u64,
+    /// The same in per mille of the log (for `status`).
+    watermarks_permille: (u16, u16),
+    background: AtomicBool,
+    /// The background thread, woken when readers' admissions fill staging. (A std mutex: the
+    /// simulator runs no background thread.)
+    background_thread: std::sync::Mutex<Option<std::thread::Thread>>,
+}
+
+/// What recovery produced, handed to `Volume::assemble`.
+pub(crate) struct Recovered {
+    pub superblock: Superblock,
+    pub index: Index,
+    pub head: u64,
+    pub tail: u64,
+    pub next_seq: u64,
+    pub last_header_crc: u32,
+    pub checkpoint_position: u64,
+    pub checkpoint_seq: u64,
+    pub replayed_records: u64,
+    /// Lost blocks (tombstones and Lost entries not superseded): block, position, CRC.
+    pub lost: Vec<(u64, u64, u32)>,
+    /// The highest epoch in the checkpoint and the replayed records.
+    pub epoch: u64,
+}
+
+impl Volume {
+    pub(crate) fn assemble(
+        cache: Arc<dyn BlockDevice>,
+        backing: Arc<dyn BlockDevice>,
+        clock: Arc<dyn Clock>,
+        r: Recovered,
+        options: VolumeOptions,
+    ) -> Volume {
+        let layout = r.superblock.layout;
+        let bs = layout.block_size as usize;
+        assert!(layout.log_blocks <= tiercache_format::constants::MAX_LOG_BLOCKS);
+        // A record, plus reclaim's reserve, must fit in a small part of the log.
+
+        let staging_limit = RECORD_ENTRIES.min((layout.log_blocks / 8) as usize).max(2);
+        let watermarks = options
+            .dirty_watermarks_permille
+            .unwrap_or((r.superblock.dirty_low_permille, r.superblock.dirty_high_permille));
+        assert!(watermarks.0 <= watermarks.1 && watermarks.1 <= 1000, "dirty watermarks {watermarks:?}");
+        Volume {
+            cache,
+            backing,
+            clock,
+            layout,
+            uuid_low: uuid_low64(&r.superblock.uuid),
+            bs,
+            backing_blocks: r.superblock.backing_size_bytes / bs as u64,
+            options,
+            io: Mutex::new(IoBuffers {
+                spare: Some(AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize)),
+                copy: AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize),
+            }),
+            staging_limit,
+            destage: Mutex::new(0),
+            state: Mutex::new(State {
+                index: r.index,
+                staging: Staging::new(bs, staging_limit),
+                inflight: None,
+                head: r.head,
+                tail: r.tail,
+                next_seq: r.next_seq,
+                last_header_crc: r.last_header_crc,
+                sealed: 0,
+                durable_sealed: 0,
+                durable_seq: 0,
+                written_tail: r.tail,
+                precleaned_until: r.head,
+                checkpoint_position: r.checkpoint_position,
+                older_checkpoint_position: 0,
+                checkpoint_seq: r.checkpoint_seq,
+                pending_meta: VecDeque::new(),
+                spare_data: Vec::with_capacity(RECORD_ENTRIES),
+                spare_map: HashMap::with_capacity(RECORD_ENTRIES),
+                fills: HashMap::new(),
+                lost: r
+                    .lost
+                    .iter()
+                    .map(|&(b, position, crc)| (b, Lost { position, crc, logged: Logged::Yes }))
+                    .collect(),
+                epoch: r.epoch,
+                poisoned: None,
+                age_samples: VecDeque::new(),
+                counters: Counters::default(),
+                destaging: false,
+            }),
+            dirty_low_blocks: layout.log_blocks * u64::from(watermarks.0) / 1000,
+            dirty_high_blocks: layout.log_blocks * u64::from(watermarks.1) / 1000,
+            watermarks_permille: watermarks,
+            superblock: Mutex::new(r.superblock),
+            rmw: Mutex::new(()),
+            background: AtomicBool::new(false),
+            background_thread: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// Starts the epoch of this run (recovery calls it before its checkpoint).
+    pub(crate) fn begin_epoch(&self) {
+        if !sabotaged!(self, NoRecoveryEpoch) {
+            self.lock().epoch += 1;
+        }
+    }
+
+    /// The state lock (never held across I/O).
+    fn lock(&self) -> StateGuard<'_> {
+        lock_order::ranked(lock_order::Rank::State, || {
+            self.state.lock().expect("volume state lock poisoned by a panic")
+        })
+    }
+
+    /// The log writer's lock.
+    fn lock_io(&self) -> lock_order::Ranked<MutexGuard<'_, IoBuffers>> {
+        lock_order::ranked(lock_order::Rank::Io, || self.io.lock().expect("io lock"))
+    }
+
+    /// The log writer's lock if it is free (a reader's or the background's opportunistic
+    /// record write).
+    fn try_lock_io(&self) -> Option<lock_order::Ranked<MutexGuard<'_, IoBuffers>>> {
+        lock_order::try_ranked(lock_order::Rank::Io, || self.io.try_lock().ok())
+    }
+
+    /// The destager's lock (its content is the elevator cursor).
+    fn lock_destage(&self) -> lock_order::Ranked<MutexGuard<'_, u64>> {
+        lock_order::ranked(lock_order::Rank::Destage, || self.destage.lock().expect("destage lock"))
+    }
+
+    /// The volume's size: the backing device's.
+    pub fn size_bytes(&self) -> u64 {
+        self.backing_blocks * self.bs as u64
+    }
+
+    /// The volume's block size (requests must be aligned to it).
+    pub fn block_size(&self) -> u32 {
+        self.layout.block_size
+    }
+
+    /// The superblock as last written (a copy).
+    pub fn superblock(&self) -> Superblock {
+        lock_order::ranked(lock_order::Rank::Superblock, || self.superblock.lock().expect("superblock lock")).clone()
+    }
+
+    fn check_request(&self, offset: u64, len: u64) -> Result<()> {
+        let bs = self.bs as u64;
+        if !offset.is_multiple_of(bs) || !len.is_multiple_of(bs) {
+            return Err(EngineError::Misaligned { offset, len, block_size: self.layout.block_size });
+        }
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size_bytes() => Ok(()),
+            _ => Err(EngineError::OutOfRange { offset, len, size_bytes: self.size_bytes() }),
+        }
+    }
+
+    /// The block-aligned span covering a byte range, checked against the volume's size.
+    fn aligned_span(&self, offset: u64, len: u64) -> Result<(u64, u64)> {
+        let bs = self.bs as u64;
+        let end = offset.checked_add(len).filter(|&e| e <= self.size_bytes());
+        let Some(end) = end else {
+            return Err(EngineError::OutOfRange { offset, len, size_bytes: self.size_bytes() });
+        };
+        Ok((offset / bs * bs, end.div_ceil(bs) * bs))
+    }
+
+    /// The log position of an index entry's copy (entries name slots in `[head, tail)`).
+    fn position_of(&self, st: &State, e: &IndexEntry) -> u64 {
+        self.layout.position_of_slot(e.slot, st.tail)
+    }
+
+    /// The blocks whose current copy lies at log positions `[from, until)`, in position order
+    /// (the index's reverse map: no I/O).
+    fn live_between<'a>(&'a self, st: &'a State, from: u64, until: u64) -> impl Iterator<Item = Picked> + 'a {
+        (from..until).filter_map(move |position| {
+            let (block, entry) = st.index.owner(self.layout.slot(position))?;
+            Some(Picked { block, entry, position })
+        })
+    }
+
+    /// The most live dirty blocks a reclaim copies forward instead of writing them back: half
+    /// a segment (more means the cache is mostly dirty, and writing back is the right cost),
+    /// and no more than a record holds.
+    fn copy_forward_max(&self) -> usize {
+        (self.layout.segment_blocks as usize / 2).min(self.staging_limit)
+    }
+
+    /// Blocks the writer keeps free at the tail for reclaim's copy record.
+    fn reclaim_reserve(&self) -> u64 {
+        1 + self.copy_forward_max() as u64
+    }
+
+    /// Corrupt metadata found while running: poisons the volume and returns the error.
+    fn corrupt(&self, what: Corruption) -> EngineError {
+        self.lock().poison(format!("cache metadata is corrupt: {what}"));
+        EngineError::Corrupt(what)
+    }
+
+    /// A cache-device I/O's result: a failure poisons the volume ("`what` failed: ..."),
+    /// after which nothing more is written and FLUSH reports the failure. Call with the
+    /// state lock free.
+    fn cache_io<T>(&self, what: &str, result: std::result::Result<T, DeviceError>) -> Result<T> {
+        result.map_err(|e| {
+            let e = EngineError::cache(e);
+            self.lock().poison(format!("{what} failed: {e}"));
+            e
+        })
+    }
+
+    /// The invariants the record writer, reclaim and checkpoint leave behind (the module
+    /// header lists them; `finish_reclaim` checks the index against the window it freed).
+    /// Each is O(1): cheap enough to check in every build.
+    fn check_invariants(&self, st: &State) {
+        assert!(
+            st.tail + self.reclaim_reserve() <= st.head + self.layout.log_blocks,
+            "the reclaim reserve is not free: head {} tail {} log {}",
+            st.head,
+            st.tail,
+            self.layout.log_blocks
+        );
+        assert!(st.head <= st.checkpoint_position, "head {} passed the checkpoint {}", st.head, st.checkpoint_position);
+        assert!(st.checkpoint_position <= st.tail, "checkpoint {} beyond the tail {}", st.checkpoint_position, st.tail);
+        assert!(st.written_tail <= st.tail, "written tail {} beyond the tail {}", st.written_tail, st.tail);
+        assert!(st.durable_sealed <= st.sealed, "durable {} of {} sealed records", st.durable_sealed, st.sealed);
+    }
+}

@@ -1,0 +1,223 @@
+//! Reclaim: making room at the head of the log for the record writer (docs/format.md §4.5).
+//! Clean blocks in the window are evicted at no I/O cost; live dirty blocks are copied
+//! forward to the tail (a few) or written back first (many); one reclaim record carries the
+//! copies and the new head, and is durable before any of the window is overwritten.
+
+use super::*;
+
+impl Volume {
+    /// Frees at least `need` blocks at the head of the log (io lock held).
+    pub(super) fn reclaim(&self, io: &mut IoBuffers, need: u64) -> Result<()> {
+        let started = std::time::Instant::now();
+        let (head, tail, mut checkpoint) = {
+            let st = self.lock();
+            (st.head, st.tail, st.checkpoint_position)
+        };
+        let free = head + self.layout.log_blocks - tail;
+        assert!(free >= self.reclaim_reserve(), "the writer keeps {} blocks free for reclaim", self.reclaim_reserve());
+        let want = u64::from(self.layout.segment_blocks).max(need.saturating_sub(free));
+        let target = (head + want).min(tail);
+        if target > checkpoint {
+            // The head may not pass the durable checkpoint: replay starts there.
+            self.checkpoint_locked()?;
+            checkpoint = self.lock().checkpoint_position;
+        }
+        assert!(target <= checkpoint, "checkpoint at {checkpoint} behind reclaim target {target}");
+        // (No record write can run meanwhile: this thread holds the io lock. So the index
+        // entries below keep naming the same positions until this function changes them.)
+        let (new_head, live) = self.reclaim_window(head, target, checkpoint);
+        let mut dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
+        if dirty.len() > self.copy_forward_max() {
+            self.write_back_for_reclaim(std::mem::take(&mut dirty), new_head)?;
+        }
+        let copies = self.read_copies(io, dirty)?;
+        // Every loss not yet in a written record goes into the reclaim record (below), because
+        // the head is about to pass blocks that recovery would otherwise replay as dirty (or,
+        // once passed, forget, serving the stale backing copy). If they do not all fit, a
+        // checkpoint (which holds every loss as a tombstone) makes them durable first.
+        let unlogged = self.lock().lost.values().filter(|l| l.logged != Logged::Yes).count();
+        if unlogged + copies.len() > RECORD_ENTRIES && !sabotaged!(self, LostInRamOnly) {
+            self.checkpoint_locked()?;
+        }
+        let (pos, blocks) = self.seal_reclaim_record(io, &live, &copies, head, new_head);
+        let result = self.write_log(pos, &io.copy[..blocks as usize * self.bs]);
+        self.cache_io("writing a reclaim record", result)?;
+        self.lock().written_tail = pos + blocks;
+        self.flush_cache(sabotaged!(self, ReclaimSkipsMarkerFlush))?;
+        tracing::debug!(
+            head,
+            new_head,
+            live = live.len(),
+            copied = copies.len(),
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "reclaim"
+        );
+        let mut st = self.lock();
+        self.finish_reclaim(&mut st, head, new_head, &copies, pos);
+        self.check_invariants(&st);
+        Ok(())
+    }
+
+    /// The window reclaim frees, `[head, new head)`, and the blocks live in it (the index's
+    /// reverse map: no I/O). At least up to `target`; whole segments beyond it that hold no
+    /// dirty block are taken too, up to an eighth of the log: evicting clean data costs no
+    /// I/O but this reclaim's record and cache flush, and a wider window pays that once for
+    /// many segments (a writer meeting a cache full of clean data runs at the empty-cache
+    /// rate).
+    fn reclaim_window(&self, head: u64, target: u64, checkpoint: u64) -> (u64, Vec<Picked>) {
+        let st = self.lock();
+        let picked = |from: u64, until: u64| self.live_between(&st, from, until).collect::<Vec<_>>();
+        let mut target = target;
+        let seg = u64::from(self.layout.segment_blocks);
+        let limit = (head + self.layout.log_blocks / 8).min(st.tail).min(checkpoint);
+        while target + seg <= limit && picked(target, target + seg).iter().all(|p| !p.entry.dirty) {
+            target += seg;
+        }
+        (target, picked(head, target))
+    }
+
+    /// The window is mostly dirty: the cache is full of data not yet written back, and the
+    /// pre-cleaner is behind. Writes it back now, with the dirty blocks of the next few
+    /// segments in the same batch (one backing flush for all of them, and the next reclaims
+    /// find them clean): this is the backpressure a writer feels when write-back has fallen
+    /// behind, paid in large batches rather than a flush per segment.
+    fn write_back_for_reclaim(&self, mut dirty: Vec<Picked>, new_head: u64) -> Result<()> {
+        let _destage = self.lock_destage();
+        let ahead = {
+            let st = self.lock();
+            let until = (new_head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
+            self.live_between(&st, new_head, until).collect::<Vec<_>>()
+        };
+        let room = DESTAGE_BATCH_BLOCKS.saturating_sub(dirty.len());
+        dirty.extend(ahead.into_iter().filter(|p| p.entry.dirty).take(room));
+        self.destage_blocks(dirty)?;
+        Ok(())
+    }
+
+    /// Reads the live dirty blocks to copy forward into the reclaim record's buffer (cache
+    /// bandwidth only; the backing device is not touched) and verifies each: returns the
+    /// ones that verified, packed to the front of the record in order. A copy that fails its
+    /// checksum is lost, or repaired if the backing device holds that version.
+    fn read_copies(&self, io: &mut IoBuffers, dirty: Vec<Picked>) -> Result<Vec<Picked>> {
+        let bs = self.bs;
+        let mut copies: Vec<Picked> = Vec::with_capacity(dirty.len());
+        let slots: Vec<u32> = dirty.iter().map(|p| p.entry.slot).collect();
+        let read = self.read_slots(&slots, &mut io.copy[bs..(1 + dirty.len()) * bs]);
+        self.cache_io("reading blocks to copy forward", read)?;
+        for (i, p) in dirty.into_iter().enumerate() {
+            let k = copies.len();
+            if k != i {
+                io.copy.copy_within((1 + i) * bs..(2 + i) * bs, (1 + k) * bs);
+            }
+            let out = &mut io.copy[(1 + k) * bs..(2 + k) * bs];
+            if checksum(out) == p.entry.crc {
+                copies.push(p);
+                continue;
+            }
+            // (io -> destage is the lock order; a write-back batch never waits for the io lock.)
+            let _destage = self.lock_destage();
+            let on_backing = self.backing_holds(p.block, p.entry.crc, out);
+            let mut st = self.lock();
+            // (Still dirty: the batch waited for may have written this very version back;
+            // then the bad copy is a clean one, evicted below.)
+            if st.index.get(p.block).is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position) {
+                self.settle_bad_dirty_copy(&mut st, p, on_backing);
+            }
+        }
+        Ok(copies)
+    }
+
+    /// Evicts the window's clean blocks and seals the reclaim record into `io.copy`: the
+    /// losses it must log, queued metadata, the copies, and the new head, which the record
+    /// makes durable before any of the window is overwritten. It lands in the reserve the
+    /// writer keeps free. Returns its position and length.
+    fn seal_reclaim_record(
+        &self,
+        io: &mut IoBuffers,
+        live: &[Picked],
+        copies: &[Picked],
+        head: u64,
+        new_head: u64,
+    ) -> (u64, u64) {
+        let copied: HashSet<u64> = copies.iter().map(|p| p.block).collect();
+        let mut st = self.lock();
+        for p in live {
+            if copied.contains(&p.block) {
+                continue;
+            }
+            if let Some(old) = st.index.remove_if_slot(p.block, p.entry.slot) {
+                assert!(!old.dirty, "block {} still dirty at reclaim", p.block);
+                st.counters.evicted_blocks += 1;
+            }
+        }
+        st.counters.reclaimed_blocks += new_head - head;
+        st.counters.copied_forward_blocks += copies.len() as u64;
+        let mut entries = Vec::with_capacity(RECORD_ENTRIES);
+        if !sabotaged!(self, LostInRamOnly) {
+            entries.extend(Self::reclaim_loss_entries(&mut st, RECORD_ENTRIES - copies.len(), new_head));
+        }
+        while entries.len() + copies.len() < RECORD_ENTRIES {
+            match st.pending_meta.pop_front() {
+                Some(m) => entries.push(m),
+                None => break,
+            }
+        }
+        entries.extend(copies.iter().map(|p| RecordEntry {
+            kind: EntryKind::DataDirty,
+            backing_block: p.block,
+            data_crc: p.entry.crc,
+            ref_position: 0,
+        }));
+        let pos = st.tail;
+        let blocks = 1 + copies.len() as u64;
+        assert!(pos + blocks <= head + self.layout.log_blocks, "the copy record fits in the reserve");
+        let header = self.record_header(&st, new_head, entries);
+        let crc = header.encode(self.uuid_low, &mut io.copy[..self.bs]);
+        Self::advance_tail(&mut st, blocks, crc);
+        (pos, blocks)
+    }
+
+    /// The Lost entries the reclaim record carries (at most `room`), marked logged. Losses
+    /// inside the window the head is about to pass first: those must be in this record. More
+    /// losses may have been declared during a checkpoint just taken (readers, the destager);
+    /// the ones that do not fit stay unlogged, which is safe as long as they lie beyond the
+    /// window (a later record or checkpoint logs them before the head reaches them).
+    fn reclaim_loss_entries(st: &mut State, room: usize, new_head: u64) -> Vec<RecordEntry> {
+        let mut pending: Vec<(u64, u64, u32)> =
+            st.lost.iter().filter(|(_, l)| l.logged != Logged::Yes).map(|(&b, l)| (b, l.position, l.crc)).collect();
+        pending.sort_by_key(|&(b, position, _)| (position >= new_head, b));
+        // (Losses inside the window beyond `room` can only be blocks a reader declared lost
+        // after their copy, read good above, went into this record: the copy supersedes
+        // them on replay.)
+        pending.truncate(room);
+        pending
+            .into_iter()
+            .map(|(block, position, crc)| {
+                st.lost.get_mut(&block).expect("listed").logged = Logged::Yes;
+                RecordEntry { kind: EntryKind::Lost, backing_block: block, data_crc: crc, ref_position: position }
+            })
+            .collect()
+    }
+
+    /// The reclaim record is durable: the head moves, and each copied block that is still
+    /// where reclaim read it now lives at its new slot.
+    fn finish_reclaim(&self, st: &mut State, head: u64, new_head: u64, copies: &[Picked], pos: u64) {
+        st.head = new_head;
+        for (k, p) in copies.iter().enumerate() {
+            if let Some(current) = st.index.get(p.block) {
+                if current.slot == p.entry.slot {
+                    let slot = self.layout.slot(pos + 1 + k as u64);
+                    st.index.insert(
+                        p.block,
+                        IndexEntry { slot, dirty: current.dirty, referenced: current.referenced, crc: p.entry.crc },
+                    );
+                }
+            }
+        }
+        // The head passed the window: nothing in the index may still name a slot in it.
+        assert!(
+            self.live_between(st, head, new_head).next().is_none(),
+            "reclaim left a live block behind the head in [{head}, {new_head})"
+        );
+    }
+}

@@ -1,0 +1,77 @@
+//! What the volume shows of itself: `status`, and the views `check` and the simulators
+//! read (the log window, the index).
+
+use super::*;
+
+impl Volume {
+    /// The volume's state, sizes, dirty data, log position and counters (`tiercache status`).
+    pub fn status(&self) -> crate::Status {
+        let sb = self.superblock();
+        let st = self.lock();
+        let bs = self.bs as u64;
+        let now = self.clock.now_ns();
+        let oldest_dirty =
+            st.index.iter().filter(|(_, e)| e.dirty).map(|(_, e)| self.layout.position_of_slot(e.slot, st.tail)).min();
+        let oldest_dirty_age_seconds = oldest_dirty.map(|pos| {
+            let i = st.age_samples.partition_point(|&(p, _)| p <= pos);
+            let t = if i == 0 { st.age_samples.front() } else { st.age_samples.get(i - 1) };
+            t.map_or(0.0, |&(_, t)| now.saturating_sub(t) as f64 / 1e9)
+        });
+        let c = st.counters;
+        let lookups = c.read_hit_blocks + c.read_miss_blocks;
+        crate::Status {
+            mode: sb.mode.name().to_string(),
+            state: if st.poisoned.is_some() { crate::VolumeState::Failed } else { crate::VolumeState::Ok },
+            failure: st.poisoned.clone(),
+            block_size: self.layout.block_size,
+            cache_size_bytes: sb.cache_size_bytes,
+            log_bytes: self.layout.log_blocks * bs,
+            backing_size_bytes: sb.backing_size_bytes,
+            cached_blocks: st.index.len() as u64,
+            cached_bytes: st.index.len() as u64 * bs,
+            dirty_blocks: st.index.dirty_len() as u64,
+            dirty_bytes: st.index.dirty_len() as u64 * bs,
+            staged_blocks: st.staging.data.len() as u64,
+            dirty_low_permille: self.watermarks_permille.0,
+            dirty_high_permille: self.watermarks_permille.1,
+            oldest_dirty_age_seconds,
+            lost_blocks: st.lost.len() as u64,
+            lost_block_numbers: st.lost.keys().copied().take(crate::constants::STATUS_LOST_BLOCKS_LISTED).collect(),
+            read_hit_ratio: if lookups == 0 { None } else { Some(c.read_hit_blocks as f64 / lookups as f64) },
+            index_ram_bytes: st.index.memory_bytes() as u64,
+            index_ram_bytes_per_cached_block: st.index.bytes_per_cached_block(),
+            log_head: st.head,
+            log_tail: st.tail,
+            log_used_permille: (st.tail - st.head) * 1000 / self.layout.log_blocks,
+            checkpoint_position: st.checkpoint_position,
+            next_sequence: st.next_seq,
+            counters: c,
+            backing_path: sb.backing_path,
+            uuid: sb.uuid.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+
+    /// The log window: `(head, checkpoint position, tail)`. Records from the checkpoint
+    /// position on are what recovery replays.
+    pub fn log_window(&self) -> (u64, u64, u64) {
+        let st = self.lock();
+        (st.head, st.checkpoint_position, st.tail)
+    }
+
+    /// The index entries whose copy lies before both checkpoints' positions (whichever
+    /// checkpoint recovery uses covers them), with their log positions, taken atomically (for
+    /// the simulator's corrupter).
+    pub fn checkpointed_entries(&self) -> Vec<(u64, IndexEntry, u64)> {
+        let st = self.lock();
+        st.index
+            .iter()
+            .map(|(b, e)| (b, e, self.position_of(&st, &e)))
+            .filter(|&(_, _, position)| position < st.older_checkpoint_position.min(st.checkpoint_position))
+            .collect()
+    }
+
+    /// Every (backing block, entry) in the index (for `check` and tests).
+    pub fn index_snapshot(&self) -> Vec<(u64, IndexEntry)> {
+        self.lock().index.iter().collect()
+    }
+}

@@ -1,0 +1,74 @@
+//! The write path: whole blocks into staging (complete on return, durable after the next
+//! FLUSH), byte ranges by read-modify-write of their edge blocks, write-zeroes.
+
+use super::*;
+
+impl Volume {
+    /// Writes whole blocks. Complete on return; durable after the next `flush`.
+    pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.check_request(offset, data.len() as u64)?;
+        self.backpressure();
+        let first = offset / self.bs as u64;
+        for (i, chunk) in data.chunks(self.bs).enumerate() {
+            let block = first + i as u64;
+            let crc = checksum(chunk);
+            loop {
+                let mut st = self.lock();
+                st.check_poisoned()?;
+                let now = self.clock.now_ns();
+                st.cancel_fill(block);
+                // A lost block stays lost until this write is in a written record (see `Lost`).
+                if st.staging.put(block, EntryKind::DataDirty, chunk, crc, now) {
+                    st.counters.written_blocks += 1;
+                    break;
+                }
+                drop(st);
+                self.commit()?;
+            }
+        }
+        self.lock().counters.write_requests += 1;
+        Ok(())
+    }
+
+    /// A write that is durable on return (Force Unit Access): a write, then a flush.
+    pub fn write_fua(&self, offset: u64, data: &[u8]) -> Result<()> {
+        self.write(offset, data)?;
+        self.flush()
+    }
+
+    /// Writes any byte range: partial first and last blocks are read, modified and written
+    /// (serialised among themselves; overlapping concurrent writes have no defined order on a
+    /// disk either).
+    pub fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let (start, end) = self.aligned_span(offset, data.len() as u64)?;
+        if start == offset && end == offset + data.len() as u64 {
+            return self.write(offset, data);
+        }
+        let _rmw = lock_order::ranked(lock_order::Rank::Rmw, || self.rmw.lock().expect("rmw lock"));
+        let mut whole = vec![0u8; (end - start) as usize];
+        let bs = self.bs as u64;
+        self.read(start, &mut whole[..self.bs])?;
+        if end - start > bs {
+            let last = whole.len() - self.bs;
+            self.read(end - bs, &mut whole[last..])?;
+        }
+        let at = (offset - start) as usize;
+        whole[at..at + data.len()].copy_from_slice(data);
+        self.write(start, &whole)
+    }
+
+    /// Writes zeroes over any byte range (NBD WRITE_ZEROES): ordinary writes of zero blocks.
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.aligned_span(offset, len)?;
+        // Any byte range: partial edge blocks are read-modified-written by `write_bytes`.
+        let chunk = (RECORD_ENTRIES * self.bs) as u64;
+        let zeroes = vec![0u8; chunk.min(len) as usize];
+        let mut done = 0;
+        while done < len {
+            let n = chunk.min(len - done);
+            self.write_bytes(offset + done, &zeroes[..n as usize])?;
+            done += n;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,386 @@
+//! Write-back (destage): dirty blocks copied to the backing device in batches sorted by
+//! address, flushed there, and only then marked clean, exactly the versions written
+//! (docs/format.md §4.3). Three callers pick the batches: the elevator (`destage_step`),
+//! the head pre-cleaner (`preclean`: the blocks reclaim would otherwise meet dirty) and
+//! `write_back_all` (the online and offline flush). Reclaim calls it too when it meets a
+//! mostly dirty window.
+
+use super::*;
+
+impl Volume {
+    /// Writes back one batch of dirty blocks in backing-address order, continuing from where
+    /// the last batch stopped (an elevator). Returns how many blocks were written back.
+    pub fn destage_step(&self, max_blocks: usize) -> Result<usize> {
+        let mut cursor = self.lock_destage();
+        let mut dirty: Vec<Picked> = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            st.index
+                .iter()
+                .filter(|(_, e)| e.dirty)
+                .map(|(block, entry)| Picked { block, entry, position: self.position_of(&st, &entry) })
+                .collect()
+        };
+        if dirty.is_empty() {
+            return Ok(0);
+        }
+        dirty.sort_unstable_by_key(|p| p.block);
+        let start = dirty.partition_point(|p| p.block < *cursor);
+        let batch: Vec<Picked> = dirty[start..].iter().chain(dirty[..start].iter()).take(max_blocks).copied().collect();
+        *cursor = if start + max_blocks < dirty.len() { dirty[start + max_blocks].block } else { 0 };
+        self.destage_blocks(batch)
+    }
+
+    /// Writes back the dirty blocks in the next reclaim window (the few segments after the
+    /// head), so that reclaim finds them clean and writes never wait for the backing device.
+    /// Incremental: each slot is looked at once (in RAM, through the index's reverse map).
+    /// Returns how many blocks were written back.
+    pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
+        self.preclean(max_blocks, false)
+    }
+
+    /// `destage_oldest`; with `dense_only`, a segment-sized stretch is written back only if
+    /// it holds more dirty blocks than reclaim would copy forward: a sparsely dirty stretch
+    /// costs reclaim one cache read and write of its few dirty blocks, less than a write-back
+    /// (the pre-cleaner below the watermark chooses the cheaper of the two this way).
+    pub(super) fn preclean(&self, max_blocks: usize, dense_only: bool) -> Result<usize> {
+        let _cursor = self.lock_destage();
+        let (batch, until) = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            let window_end = st.head + self.preclean_horizon(&st);
+            let (from, until) = (st.precleaned_until.max(st.head), window_end.min(st.written_tail));
+            let stretch = if dense_only { u64::from(self.layout.segment_blocks) } else { 1 };
+            let mut batch = Vec::new();
+            let mut pos = from;
+            while pos < until && batch.len() < max_blocks {
+                let end = (pos + stretch).min(until);
+                let dirty: Vec<Picked> = self.live_between(&st, pos, end).filter(|p| p.entry.dirty).collect();
+                if !dense_only || dirty.len() > self.copy_forward_max() {
+                    batch.extend(dirty);
+                }
+                pos = end;
+            }
+            (batch, pos)
+        };
+        let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
+        let mut st = self.lock();
+        st.precleaned_until = st.precleaned_until.max(until);
+        Ok(written)
+    }
+
+    /// How far ahead of the log head the pre-cleaner keeps the log clean: as many blocks as
+    /// were written in the last `PRECLEAN_HORIZON_MS` (so write-back starts as far ahead of
+    /// the writer as the writer's own pace), capped at a quarter of the log, and never less
+    /// than `PRECLEAN_SEGMENTS` segments (on a log of fewer than 16 segments that floor is more
+    /// than a quarter: a small log is pre-cleaned further ahead, as before the horizon).
+    pub(super) fn preclean_horizon(&self, st: &State) -> u64 {
+        let since = self.clock.now_ns().saturating_sub(PRECLEAN_HORIZON_MS * 1_000_000);
+        let k = st.age_samples.partition_point(|&(_, t)| t < since);
+        let recent = st.age_samples.get(k).map_or(0, |&(pos, _)| st.tail.saturating_sub(pos));
+        let floor = PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks);
+        recent.min(self.layout.log_blocks / 4).max(floor)
+    }
+
+    /// Writes `blocks` back to the backing device (destage lock held): read from the cache
+    /// and verify; write in address order, merging neighbours; flush the backing device; only
+    /// then mark clean and queue MarkClean entries.
+    ///
+    /// The rule (docs/format.md, "write-back and mark-clean"): a write-back marks clean
+    /// exactly the versions it wrote, named by the log positions captured when the batch was
+    /// taken, in RAM and in the MarkClean entry. The backing flush can take seconds, long
+    /// enough for the log to lap and a newer version of the same block to land in the same
+    /// slot; a position never repeats, so that newer version stays dirty.
+    pub(super) fn destage_blocks(&self, mut blocks: Vec<Picked>) -> Result<usize> {
+        let bs = self.bs;
+        let started = std::time::Instant::now();
+        blocks.sort_unstable_by_key(|p| p.block);
+        let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
+        let slots: Vec<u32> = blocks.iter().map(|p| p.entry.slot).collect();
+        let read = self.read_slots(&slots, &mut data[..blocks.len() * bs]);
+        self.cache_io("reading dirty blocks from the cache device", read)?;
+        let keep = self.verify_batch(&blocks, &data);
+        if !keep.iter().any(|&k| k) {
+            return Ok(0);
+        }
+        // The versions about to reach the backing device must be durable in the cache's log
+        // first: otherwise a crash could keep them on the backing device while the cache
+        // recovers an older version as clean, and the block would later change by itself.
+        self.cache_io("flushing the cache device before write-back", self.cache.flush())?;
+        let fingerprints = self.begin_fingerprint_update(&blocks, &data, &keep)?;
+        let written = self.write_runs(&blocks, &data, &keep)?;
+        if !sabotaged!(self, DestageSkipsBackingFlush) {
+            self.backing.flush().map_err(EngineError::backing)?;
+        }
+        if let Some(new) = fingerprints {
+            self.end_fingerprint_update(&new)?;
+        }
+        let mut st = self.lock();
+        st.counters.backing_flushes += 1;
+        self.mark_written_clean(&mut st, &blocks, &keep);
+        tracing::debug!(
+            picked = blocks.len(),
+            written,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "write-back batch"
+        );
+        Ok(written)
+    }
+
+    /// Which blocks of a batch read into `data` to write back: those whose index entry still
+    /// names the position read (the read itself raced nothing then: that position cannot be
+    /// overwritten while it is live) and whose data verifies. Copies that fail their checksum
+    /// are lost, unless the backing device holds that version.
+    fn verify_batch(&self, blocks: &[Picked], data: &[u8]) -> Vec<bool> {
+        let bs = self.bs;
+        let mut keep = vec![false; blocks.len()];
+        let mut suspects = Vec::new();
+        {
+            let st = self.lock();
+            for (i, p) in blocks.iter().enumerate() {
+                let current = st.index.get(p.block);
+                let still = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
+                if !still {
+                    continue; // overwritten or trimmed meanwhile: its newer version is handled later
+                }
+                if checksum(&data[i * bs..(i + 1) * bs]) != p.entry.crc {
+                    suspects.push(*p);
+                    continue;
+                }
+                keep[i] = true;
+            }
+        }
+        let mut scratch = AlignedBuf::new(bs);
+        for p in suspects {
+            let on_backing = self.backing_holds(p.block, p.entry.crc, &mut scratch);
+            let mut st = self.lock();
+            let still = st.index.get(p.block).is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
+            let newer_in_flight = st.inflight.as_ref().is_some_and(|f| f.map.contains_key(&p.block));
+            if still && !newer_in_flight {
+                self.settle_bad_dirty_copy(&mut st, p, on_backing);
+            }
+        }
+        keep
+    }
+
+    /// Fingerprint blocks among those about to be written: phase 1 of their update, the
+    /// superblock names the new content as also acceptable, so an attach during or after the
+    /// write accepts it. Returns the new fingerprints if there are any. (Only the destager
+    /// writes the superblock, under the destage lock.)
+    fn begin_fingerprint_update(
+        &self,
+        blocks: &[Picked],
+        data: &[u8],
+        keep: &[bool],
+    ) -> Result<Option<[Option<u32>; FINGERPRINT_BLOCKS]>> {
+        let bs = self.bs;
+        let fingerprint_blocks = self.superblock().fingerprint_blocks();
+        let mut new_fingerprints = [None; FINGERPRINT_BLOCKS];
+        for (i, p) in blocks.iter().enumerate() {
+            for (f, &fb) in fingerprint_blocks.iter().enumerate() {
+                if keep[i] && p.block == fb {
+                    new_fingerprints[f] = Some(checksum(&data[i * bs..(i + 1) * bs]));
+                }
+            }
+        }
+        if !new_fingerprints.iter().any(Option::is_some) {
+            return Ok(None);
+        }
+        let mut sb = self.superblock();
+        for (f, new) in new_fingerprints.iter().enumerate() {
+            if new.is_some() {
+                sb.backing_fingerprints[f].next = *new;
+            }
+        }
+        self.write_superblock(sb)?;
+        Ok(Some(new_fingerprints))
+    }
+
+    /// Phase 3: the new content is the fingerprint. Written at once, so that the
+    /// "write-back in flight" allowance at attach does not stay set on disk.
+    fn end_fingerprint_update(&self, new_fingerprints: &[Option<u32>; FINGERPRINT_BLOCKS]) -> Result<()> {
+        let mut sb = self.superblock();
+        for (f, new) in new_fingerprints.iter().enumerate() {
+            if let Some(crc) = new {
+                sb.backing_fingerprints[f] = Fingerprint { crc: *crc, next: None };
+            }
+        }
+        self.write_superblock(sb)
+    }
+
+    /// Writes the kept blocks to the backing device, one write per run of consecutive block
+    /// numbers (the batch is sorted by block). Returns how many blocks were written.
+    fn write_runs(&self, blocks: &[Picked], data: &[u8], keep: &[bool]) -> Result<usize> {
+        let bs = self.bs;
+        let mut i = 0;
+        let mut written = 0;
+        while i < blocks.len() {
+            if !keep[i] {
+                i += 1;
+                continue;
+            }
+            let start = i;
+            while i + 1 < blocks.len() && keep[i + 1] && blocks[i + 1].block == blocks[i].block + 1 {
+                i += 1;
+            }
+            i += 1;
+            let offset = blocks[start].block * bs as u64;
+            self.backing.write_at(offset, &data[start * bs..i * bs]).map_err(EngineError::backing)?;
+            written += i - start;
+        }
+        Ok(written)
+    }
+
+    /// The written blocks are on the backing device, flushed: marks clean each one whose
+    /// index entry still names the version written, and queues its MarkClean entry.
+    fn mark_written_clean(&self, st: &mut State, blocks: &[Picked], keep: &[bool]) {
+        for (i, p) in blocks.iter().enumerate() {
+            if !keep[i] {
+                continue;
+            }
+            let (marked, ref_position) = if sabotaged!(self, MarkCleanBySlot) {
+                // The old, broken rule: whatever now sits in the slot read, named by the
+                // current tail.
+                (st.index.mark_clean(p.block, p.entry.slot), self.layout.position_of_slot(p.entry.slot, st.tail))
+            } else {
+                let current = st.index.get(p.block);
+                let same = current.is_some_and(|c| c.dirty && self.position_of(st, &c) == p.position);
+                // The copy read for this write-back verified, then rotted and was declared
+                // lost meanwhile: the backing device now holds exactly that version, so the
+                // loss is over (the MarkClean entry ends it on replay too).
+                let rescued = st.lost.get(&p.block).is_some_and(|l| l.position == p.position);
+                if rescued {
+                    st.lost.remove(&p.block);
+                    tracing::warn!(
+                        block = p.block,
+                        "a lost block's version reached the backing device: readable again"
+                    );
+                }
+                ((same && st.index.mark_clean(p.block, p.entry.slot)) || rescued, p.position)
+            };
+            if marked {
+                st.pending_meta.push_back(RecordEntry {
+                    kind: EntryKind::MarkClean,
+                    backing_block: p.block,
+                    data_crc: 0,
+                    ref_position,
+                });
+                st.counters.destaged_blocks += 1;
+            }
+        }
+    }
+
+    /// Writes the next superblock copy and flushes the cache device, then makes it current.
+    /// Holds no lock across the I/O.
+    pub(super) fn write_superblock(&self, mut sb: Superblock) -> Result<()> {
+        sb.sequence += 1;
+        let mut block = AlignedBuf::new(self.bs);
+        sb.encode(&mut block);
+        let at = (sb.sequence % 2) * self.bs as u64;
+        let result = self.cache.write_at(at, &block).and_then(|()| self.cache.flush());
+        if let Err(e) = result {
+            let e = EngineError::cache(e);
+            self.lock().poison(format!("writing the superblock failed: {e}"));
+            return Err(e);
+        }
+        *lock_order::ranked(lock_order::Rank::Superblock, || self.superblock.lock().expect("superblock lock")) = sb;
+        Ok(())
+    }
+
+    /// Writes back every dirty block and checkpoints: the backing device then holds all data
+    /// (`LostBlocks` if a lost block's stale copy is all it holds). `progress(done, remaining)`
+    /// after each batch.
+    pub fn flush_all(&self, mut progress: impl FnMut(u64, u64)) -> Result<()> {
+        self.write_back_all(1.0, |done, remaining| {
+            progress(done, remaining);
+            true
+        })
+        .map(|_| ())
+    }
+
+    /// Writes back every block that is dirty when it is called, batch by batch in address
+    /// order, then checkpoints; returns how many blocks it wrote back. Blocks written after
+    /// the call began are not its business: a served volume keeps taking writes, and the
+    /// call still ends. `busy_share` (0 < share <= 1) paces it: after each batch it pauses so
+    /// that it works that share of the time, leaving the devices to the foreground load.
+    /// `progress(done, remaining)` after each batch; returning false stops early. Everything
+    /// written back so far stays clean (durably, through the MarkClean entries and the
+    /// checkpoint), so a stopped call resumes where it left off when called again.
+    pub fn write_back_all(&self, busy_share: f64, mut progress: impl FnMut(u64, u64) -> bool) -> Result<u64> {
+        assert!(busy_share > 0.0 && busy_share <= 1.0, "busy share {busy_share} out of (0, 1]");
+        self.flush()?;
+        // The versions to write back: (block, crc) of every dirty block now. A version found
+        // again at another position (copied forward meanwhile) is still this call's.
+        let wanted: HashMap<u64, u32> = {
+            let st = self.lock();
+            st.check_poisoned()?;
+            st.index.iter().filter(|(_, e)| e.dirty).map(|(b, e)| (b, e.crc)).collect()
+        };
+        let total = wanted.len() as u64;
+        let mut done = 0u64;
+        let mut idle_passes = 0;
+        loop {
+            // Still dirty with the version wanted: not yet written back, nor overwritten.
+            let mut pending = self.still_dirty(&wanted)?;
+            if pending.is_empty() {
+                break;
+            }
+            pending.sort_unstable_by_key(|p| p.block);
+            let mut progressed = false;
+            for batch in pending.chunks(DESTAGE_BATCH_BLOCKS) {
+                let started = std::time::Instant::now();
+                let n = {
+                    let _destage = self.lock_destage();
+                    self.destage_blocks(batch.to_vec())?
+                };
+                progressed |= n > 0;
+                done = (done + n as u64).min(total);
+                if !progress(done, total - done) {
+                    self.checkpoint()?;
+                    return Ok(done);
+                }
+                if busy_share < 1.0 {
+                    std::thread::sleep(started.elapsed().mul_f64((1.0 - busy_share) / busy_share));
+                }
+            }
+            if !progressed {
+                // Every block of the pass moved or changed meanwhile (look again), or some
+                // cannot be written back at all (give up after a while).
+                idle_passes += 1;
+                if idle_passes > 100 {
+                    return Err(EngineError::WriteBackStuck { count: pending.len() as u64 });
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            } else {
+                idle_passes = 0;
+            }
+        }
+        progress(total, 0);
+        self.checkpoint()?;
+        // Everything else is on the backing device now, but a lost block's backing copy is
+        // stale: "the backing device holds all data" would be a lie.
+        let lost = self.lost_blocks();
+        if !lost.is_empty() {
+            return Err(EngineError::LostBlocks { count: lost.len() as u64, blocks: lost });
+        }
+        Ok(done)
+    }
+
+    /// The versions of `wanted` (block -> CRC) still dirty, not lost, and not overwritten:
+    /// not yet written back.
+    fn still_dirty(&self, wanted: &HashMap<u64, u32>) -> Result<Vec<Picked>> {
+        let st = self.lock();
+        st.check_poisoned()?;
+        Ok(wanted
+            .iter()
+            .filter_map(|(&block, &crc)| {
+                let entry = st.index.get(block).filter(|e| e.dirty && e.crc == crc)?;
+                (!st.lost.contains_key(&block)).then(|| Picked {
+                    block,
+                    entry,
+                    position: self.position_of(&st, &entry),
+                })
+            })
+            .collect())
+    }
+}
