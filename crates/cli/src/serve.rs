@@ -212,7 +212,7 @@ fn passthrough_cmd(spec: &str, dir: &Path) -> Result<()> {
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
     }
-    let session = tiercache_fuse::mount(Arc::new(tiercache_fuse::Passthrough::new(dev)), dir)
+    let session = tiercache_fuse::mount(Arc::new(tiercache_frontend::Passthrough::new(dev)), dir)
         .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?;
     eprintln!("tiercache: serving {spec} without a cache on FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME);
     while !stop.load(Ordering::Relaxed) {
@@ -283,8 +283,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         }
         None => crate::metrics::Observed::new(&volume),
     };
-    let (nbd_backend, fuse_backend): (Arc<dyn tiercache_nbd::Backend>, Arc<dyn tiercache_fuse::FileBackend>) =
-        (Arc::clone(&observed) as _, Arc::clone(&observed) as _);
+    let backend: Arc<dyn tiercache_frontend::ByteIo> = Arc::clone(&observed) as _;
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
         started: std::time::Instant::now(),
@@ -310,13 +309,13 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let mut threads = Vec::new();
     let nbd_stop = Arc::new(AtomicBool::new(false));
     for (endpoint, listener) in bound.iter().zip(listeners) {
-        let (backend, config, stop) = (Arc::clone(&nbd_backend), config.clone(), Arc::clone(&nbd_stop));
+        let (backend, config, stop) = (Arc::clone(&backend), config.clone(), Arc::clone(&nbd_stop));
         tracing::info!(%endpoint, export = %config.export_name, "serving NBD");
         threads.push(std::thread::spawn(move || tiercache_nbd::serve(listener, backend, config, stop)));
     }
     let mut fuse_session = match &args.fuse {
         Some(dir) => Some(
-            tiercache_fuse::mount(Arc::clone(&fuse_backend), dir)
+            tiercache_fuse::mount(Arc::clone(&backend), dir)
                 .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
         ),
         None => None,
