@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Instant;
 use tiercache_engine::Volume;
+use tiercache_frontend::{ByteIo, Errno};
 
 /// The request kinds a latency is recorded for.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -88,45 +89,27 @@ impl Observed {
     }
 }
 
-impl tiercache_nbd::Backend for Observed {
+impl ByteIo for Observed {
     fn size_bytes(&self) -> u64 {
         self.volume.size_bytes()
     }
     fn block_size(&self) -> u32 {
         self.volume.block_size()
     }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
-        self.time("read", |v| tiercache_nbd::Backend::read(v, offset, buf))
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        self.time("read", |v| ByteIo::read(v, offset, buf))
     }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
-        self.time("write", |v| tiercache_nbd::Backend::write(v, offset, data, fua))
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
+        self.time("write", |v| ByteIo::write(v, offset, data, fua))
     }
-    fn flush(&self) -> Result<(), u32> {
-        self.time("flush", tiercache_nbd::Backend::flush)
+    fn flush(&self) -> Result<(), Errno> {
+        self.time("flush", ByteIo::flush)
     }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), u32> {
-        self.time("trim", |v| tiercache_nbd::Backend::trim(v, offset, len))
+    fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        self.time("trim", |v| ByteIo::trim(v, offset, len))
     }
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
-        self.time("write_zeroes", |v| tiercache_nbd::Backend::write_zeroes(v, offset, len, fua))
-    }
-}
-
-impl tiercache_fuse::FileBackend for Observed {
-    fn size_bytes(&self) -> u64 {
-        self.volume.size_bytes()
-    }
-    fn block_size(&self) -> u32 {
-        self.volume.block_size()
-    }
-    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
-        self.time("read", |v| tiercache_fuse::FileBackend::read_bytes(v, offset, buf))
-    }
-    fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), i32> {
-        self.time("write", |v| tiercache_fuse::FileBackend::write_bytes(v, offset, data))
-    }
-    fn flush(&self) -> Result<(), i32> {
-        self.time("flush", tiercache_fuse::FileBackend::flush)
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Errno> {
+        self.time("write_zeroes", |v| ByteIo::write_zeroes(v, offset, len, fua))
     }
 }
 

@@ -17,12 +17,14 @@ use tiercache_device::MonotonicClock;
 use tiercache_engine::{Background, Counters, Volume, VolumeOptions};
 
 #[derive(Debug, Args)]
+#[command(group = clap::ArgGroup::new("frontend").args(["nbd", "fuse"]).multiple(true))]
 #[command(after_help = "\
 Examples:
   tiercache serve --cache /dev/nvme0n1p1 --backing /dev/md0 --nbd unix:/run/tc.sock
   tiercache serve --cache c.img --backing b.img --nbd tcp:10809        (127.0.0.1:10809)
   tiercache serve --config /etc/tiercache/db.toml                      (see docs/operations.md)
   tiercache serve --config /etc/tiercache/db.toml --dirty-high 50      (a flag overrides the file)
+  tiercache serve --passthrough /dev/nvme0n1p1 --nbd unix:/run/raw.sock (no cache: a baseline)
   qemu-io -f raw nbd+unix:///tiercache?socket=/run/tc.sock -c 'write -P 0xab 0 64k'
 
 A config file is TOML with the flags' names as keys, e.g.:
@@ -46,9 +48,9 @@ pub struct ServeArgs {
     /// The backing device.
     #[arg(long, value_name = "DEVICE")]
     backing: Option<String>,
-    /// Serve DEVICE itself through --fuse, with no cache: the baseline a benchmark compares
-    /// the hybrid volume with, through the very same frontend.
-    #[arg(long, value_name = "DEVICE", conflicts_with_all = ["cache", "backing", "nbd", "config"], requires = "fuse")]
+    /// Serve DEVICE itself through --fuse and/or --nbd, with no cache: the baseline a
+    /// benchmark compares the hybrid volume with, through the very same frontend.
+    #[arg(long, value_name = "DEVICE", conflicts_with_all = ["cache", "backing", "config"], requires = "frontend")]
     passthrough: Option<String>,
     /// Serve over NBD: unix:SOCKET, tcp:PORT (loopback), or tcp:HOST:PORT. Repeatable.
     #[arg(long, value_name = "ENDPOINT")]
@@ -204,27 +206,67 @@ fn check_mount_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Serves a plain device through FUSE until SIGTERM (no cache, no control socket).
-fn passthrough_cmd(spec: &str, dir: &Path) -> Result<()> {
-    check_mount_dir(dir)?;
+/// Serves a plain device with no cache through the frontends asked for, until SIGTERM (no
+/// control socket, no metrics): the baseline of a benchmark.
+fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
+    if let Some(dir) = &args.fuse {
+        check_mount_dir(dir)?;
+    }
     let dev = DeviceSpec::parse(spec)?.open("passthrough")?;
+    let (listeners, mut endpoints): (Vec<_>, Vec<_>) =
+        args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
     }
-    let session = tiercache_fuse::mount(Arc::new(tiercache_fuse::Passthrough::new(dev)), dir)
-        .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?;
-    eprintln!("tiercache: serving {spec} without a cache on FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME);
+    let target: Arc<dyn tiercache_frontend::ByteIo> = Arc::new(tiercache_frontend::Passthrough::new(dev));
+    let config = tiercache_nbd::Config {
+        export_name: args.export_name.clone().unwrap_or_else(|| tiercache_nbd::Config::default().export_name),
+        description: format!("{spec} without a cache (tiercache passthrough)"),
+        ..Default::default()
+    };
+    let nbd_stop = Arc::new(AtomicBool::new(false));
+    let threads: Vec<_> = listeners
+        .into_iter()
+        .map(|listener| {
+            let (target, config, stop) = (Arc::clone(&target), config.clone(), Arc::clone(&nbd_stop));
+            std::thread::spawn(move || tiercache_nbd::serve(listener, target, config, stop))
+        })
+        .collect();
+    let session = match &args.fuse {
+        Some(dir) => {
+            endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
+            Some(
+                tiercache_fuse::mount(Arc::clone(&target), dir)
+                    .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
+            )
+        }
+        None => None,
+    };
+    eprintln!("tiercache: serving {spec} without a cache on {}", endpoints.join(", "));
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    session.umount_and_join().context("unmounting FUSE")?;
+    if let Some(session) = session {
+        session.umount_and_join().context("unmounting FUSE")?;
+    }
+    nbd_stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        if let Ok(Err(e)) = t.join() {
+            tracing::warn!(error = %e, "NBD listener");
+        }
+    }
+    for e in &args.nbd {
+        if let Some(p) = e.strip_prefix("unix:") {
+            let _ = std::fs::remove_file(p);
+        }
+    }
     Ok(())
 }
 
 pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if let Some(spec) = &args.passthrough {
-        return passthrough_cmd(spec, args.fuse.as_deref().expect("clap requires --fuse"));
+        return passthrough_cmd(spec, &args);
     }
     let args = args.merged()?;
     let (Some(cache_spec), Some(backing_spec)) = (args.cache.clone(), args.backing.clone()) else {
@@ -283,8 +325,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         }
         None => crate::metrics::Observed::new(&volume),
     };
-    let (nbd_backend, fuse_backend): (Arc<dyn tiercache_nbd::Backend>, Arc<dyn tiercache_fuse::FileBackend>) =
-        (Arc::clone(&observed) as _, Arc::clone(&observed) as _);
+    let backend: Arc<dyn tiercache_frontend::ByteIo> = Arc::clone(&observed) as _;
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
         started: std::time::Instant::now(),
@@ -310,13 +351,13 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let mut threads = Vec::new();
     let nbd_stop = Arc::new(AtomicBool::new(false));
     for (endpoint, listener) in bound.iter().zip(listeners) {
-        let (backend, config, stop) = (Arc::clone(&nbd_backend), config.clone(), Arc::clone(&nbd_stop));
+        let (backend, config, stop) = (Arc::clone(&backend), config.clone(), Arc::clone(&nbd_stop));
         tracing::info!(%endpoint, export = %config.export_name, "serving NBD");
         threads.push(std::thread::spawn(move || tiercache_nbd::serve(listener, backend, config, stop)));
     }
     let mut fuse_session = match &args.fuse {
         Some(dir) => Some(
-            tiercache_fuse::mount(Arc::clone(&fuse_backend), dir)
+            tiercache_fuse::mount(Arc::clone(&backend), dir)
                 .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
         ),
         None => None,

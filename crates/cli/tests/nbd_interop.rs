@@ -4,7 +4,8 @@
 //! restart, a volume-sized copy in and out, TCP on loopback, a clean SIGTERM, and hostile raw
 //! clients (bad magic, out-of-range and unknown requests) that get error replies or a
 //! disconnect while the server keeps serving; `tiercache flush` on the served volume under a
-//! write load, interrupted and run again.
+//! write load, interrupted and run again; and `serve --passthrough` (the raw device, no cache)
+//! over the same NBD server.
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
@@ -398,4 +399,73 @@ fn flush_of_a_served_volume_under_load_interrupted_and_resumed() {
     let r = tiercache_json(&["flush", "--cache", p(&cache), "--control", p(&control), "--json"]);
     assert_eq!(r["dirty_blocks"], 0, "{r}");
     assert_eq!(status()["dirty_blocks"], 0);
+}
+
+/// `serve --passthrough DEVICE --nbd`: the raw device behind the same NBD server, with no
+/// cache (the baseline a benchmark compares the hybrid volume with); every write lands in the
+/// device file itself, partial blocks read-modified-written. A passthrough needs a frontend.
+#[test]
+fn a_passthrough_device_over_nbd() {
+    let dir = tempfile::tempdir().unwrap();
+    let raw = dir.path().join("raw.img");
+    let mut model = vec![0x5au8; 16 << 20];
+    std::fs::write(&raw, &model).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiercache")).args(["serve", "--passthrough", p(&raw)]).output().unwrap();
+    assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--nbd"), "{out:?}");
+
+    let sock = dir.path().join("nbd.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args(["serve", "--passthrough", p(&raw), "--nbd", &format!("unix:{}", sock.display())])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let uri = format!("nbd+unix:///tiercache?socket={}", sock.display());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let info = loop {
+        let out = tool("nbdinfo").args(["--json", &uri]).output().unwrap();
+        if out.status.success() {
+            break serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap();
+        }
+        assert!(Instant::now() < deadline, "the passthrough server did not come up");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let export = &info["exports"][0];
+    assert_eq!(export["export-size"], model.len());
+    for flag in ["can_flush", "can_fua", "can_trim", "can_zero"] {
+        assert_eq!(export[flag], true, "{flag}: {export}");
+    }
+    qemu_io(
+        &uri,
+        &[
+            "write -P 0xab 0 64k",
+            "write -P 0x11 100k 3000", // not block-aligned: read-modify-write
+            "write -P 0x22 -f 1M 8k",  // FUA
+            "write -z 2M 128k",
+            "discard 8M 1M",
+            "flush",
+            "read -P 0xab 0 64k",
+            "read -P 0x11 100k 3000",
+            "read -P 0 2M 128k",
+            "read -P 0x5a 4M 1M",
+        ],
+    );
+    // SAFETY: kill(2) on the PID of a child we own; no memory is passed.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    assert!(child.wait().unwrap().success());
+    assert!(!sock.exists(), "the NBD socket outlived the server");
+
+    let on_disk = std::fs::read(&raw).unwrap();
+    model[..64 << 10].fill(0xab);
+    model[100 << 10..(100 << 10) + 3000].fill(0x11);
+    model[1 << 20..(1 << 20) + (8 << 10)].fill(0x22);
+    model[2 << 20..(2 << 20) + (128 << 10)].fill(0);
+    // A trim leaves old data or (a punched hole) zeroes.
+    let trimmed = 8 << 20..9 << 20;
+    assert!(on_disk[trimmed.clone()].iter().all(|&b| b == 0x5a) || on_disk[trimmed.clone()].iter().all(|&b| b == 0));
+    model[trimmed.clone()].copy_from_slice(&on_disk[trimmed]);
+    assert!(
+        on_disk == model,
+        "the device file differs at byte {:?}",
+        on_disk.iter().zip(&model).position(|(a, b)| a != b)
+    );
 }

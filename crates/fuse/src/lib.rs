@@ -1,14 +1,17 @@
 //! The volume as a file: `MOUNTDIR/volume`, of the volume's size, through FUSE (the fuser
 //! crate, no libfuse needed at build time; mounting uses fusermount3 from the fuse3 package).
 //!
-//! - read, write (any alignment: partial blocks are read-modified-written by the engine);
-//! - fsync is the volume's FLUSH; writes with O_SYNC/O_DSYNC flush too;
+//! - read, write (any alignment: partial blocks are read-modified-written below, in the
+//!   engine or the passthrough);
+//! - fsync is the volume's FLUSH; writes with O_SYNC/O_DSYNC are FUA writes (flushed too);
 //! - fallocate: PUNCH_HOLE and ZERO_RANGE write zeroes (a punched range must read as zeroes,
-//!   which a TRIM hint does not promise), plain allocation is a no-op;
+//!   which a TRIM hint does not promise: `ByteIo::write_zeroes`), plain allocation is a no-op;
 //! - the file is opened with FOPEN_DIRECT_IO: the kernel keeps no page cache of it, so
 //!   O_DIRECT works and `losetup --direct-io=on` passes every request straight through.
 //!
-//! The frontend validates requests (bounds) and the engine checks them again.
+//! It serves any `tiercache_frontend::ByteIo`: the volume, or a passthrough device (the
+//! baseline of a benchmark). The frontend validates requests (bounds) and the volume or the
+//! device checks them again.
 
 use fuser::{
     Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, KernelConfig, LockOwner,
@@ -18,7 +21,7 @@ use fuser::{
 use std::ffi::OsStr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tiercache_engine::Volume;
+use tiercache_frontend::ByteIo;
 
 /// The name of the one file in the mount.
 pub const FILE_NAME: &str = "volume";
@@ -26,98 +29,16 @@ const FILE_INO: INodeNo = INodeNo(2);
 /// Attributes never change (size is fixed), so the kernel may cache them.
 const TTL: Duration = Duration::from_secs(3600);
 
-/// What the FUSE file exposes: the hybrid volume, or (for side-by-side benchmarks) a plain
-/// device with no cache. Errors are errno values.
-pub trait FileBackend: Send + Sync + 'static {
-    fn size_bytes(&self) -> u64;
-    fn block_size(&self) -> u32;
-    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32>;
-    fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), i32>;
-    fn flush(&self) -> Result<(), i32>;
-}
-
-fn errno(e: tiercache_engine::EngineError) -> i32 {
-    tracing::debug!(error = %e, "FUSE request failed");
-    e.errno()
-}
-
-impl FileBackend for Volume {
-    fn size_bytes(&self) -> u64 {
-        Volume::size_bytes(self)
-    }
-    fn block_size(&self) -> u32 {
-        Volume::block_size(self)
-    }
-    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
-        Volume::read_bytes(self, offset, buf).map_err(errno)
-    }
-    fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), i32> {
-        Volume::write_bytes(self, offset, data).map_err(errno)
-    }
-    fn flush(&self) -> Result<(), i32> {
-        Volume::flush(self).map_err(errno)
-    }
-}
-
-/// A plain device behind the FUSE file, with no cache: the baseline of a benchmark.
-pub struct Passthrough {
-    dev: Arc<dyn tiercache_device::BlockDevice>,
-    rmw: std::sync::Mutex<()>,
-}
-
-impl Passthrough {
-    pub fn new(dev: Arc<dyn tiercache_device::BlockDevice>) -> Passthrough {
-        Passthrough { dev, rmw: std::sync::Mutex::new(()) }
-    }
-
-    /// The block-aligned span around a byte range.
-    fn span(&self, offset: u64, len: usize) -> (u64, u64) {
-        let bs = u64::from(self.dev.logical_block_size());
-        (offset / bs * bs, (offset + len as u64).div_ceil(bs) * bs)
-    }
-}
-
-impl FileBackend for Passthrough {
-    fn size_bytes(&self) -> u64 {
-        self.dev.size_bytes()
-    }
-    fn block_size(&self) -> u32 {
-        self.dev.logical_block_size()
-    }
-    fn read_bytes(&self, offset: u64, buf: &mut [u8]) -> Result<(), i32> {
-        let (start, end) = self.span(offset, buf.len());
-        let mut whole = tiercache_device::AlignedBuf::new((end - start).max(1) as usize);
-        self.dev.read_at(start, &mut whole[..(end - start) as usize]).map_err(|e| e.errno())?;
-        let at = (offset - start) as usize;
-        buf.copy_from_slice(&whole[at..at + buf.len()]);
-        Ok(())
-    }
-    fn write_bytes(&self, offset: u64, data: &[u8]) -> Result<(), i32> {
-        let (start, end) = self.span(offset, data.len());
-        if start == offset && end == offset + data.len() as u64 {
-            return self.dev.write_at(offset, data).map_err(|e| e.errno());
-        }
-        let _rmw = self.rmw.lock().expect("rmw lock");
-        let mut whole = vec![0u8; (end - start) as usize];
-        self.read_bytes(start, &mut whole)?;
-        let at = (offset - start) as usize;
-        whole[at..at + data.len()].copy_from_slice(data);
-        self.dev.write_at(start, &whole).map_err(|e| e.errno())
-    }
-    fn flush(&self) -> Result<(), i32> {
-        self.dev.flush().map_err(|e| e.errno())
-    }
-}
-
+/// The file system of one file: what `mount` serves.
 pub struct VolumeFs {
-    volume: Arc<dyn FileBackend>,
+    volume: Arc<dyn ByteIo>,
     uid: u32,
     gid: u32,
     mounted_at: SystemTime,
 }
 
 impl VolumeFs {
-    pub fn new(volume: Arc<dyn FileBackend>) -> VolumeFs {
+    pub fn new(volume: Arc<dyn ByteIo>) -> VolumeFs {
         // SAFETY: getuid/getgid have no preconditions and touch no memory.
         let (uid, gid) = unsafe { (libc::getuid(), libc::getgid()) };
         VolumeFs { volume, uid, gid, mounted_at: SystemTime::now() }
@@ -149,8 +70,8 @@ impl VolumeFs {
         })
     }
 
-    fn errno(e: i32) -> Errno {
-        Errno::from_i32(e)
+    fn errno(e: tiercache_frontend::Errno) -> Errno {
+        Errno::from_i32(e.get())
     }
 
     /// Clamps a request to the volume: reads past the end are short (file semantics).
@@ -245,7 +166,7 @@ impl Filesystem for VolumeFs {
             return reply.data(&[]); // at or past the end: end of file
         }
         let mut buf = vec![0u8; len as usize];
-        match self.volume.read_bytes(offset, &mut buf) {
+        match self.volume.read(offset, &mut buf) {
             Ok(()) => reply.data(&buf),
             Err(e) => reply.error(Self::errno(e)),
         }
@@ -270,8 +191,7 @@ impl Filesystem for VolumeFs {
             return reply.error(Errno::from_i32(libc::ENOSPC));
         }
         let sync = flags.0 & (libc::O_SYNC | libc::O_DSYNC) != 0;
-        let r = self.volume.write_bytes(offset, data).and_then(|()| if sync { self.volume.flush() } else { Ok(()) });
-        match r {
+        match self.volume.write(offset, data, sync) {
             Ok(()) => reply.written(data.len() as u32),
             Err(e) => reply.error(Self::errno(e)),
         }
@@ -314,17 +234,7 @@ impl Filesystem for VolumeFs {
         if !zero || len == 0 {
             return reply.ok(); // allocation: every byte of the volume already exists
         }
-        // Zeroes written in chunks of at most 1 MiB (bounded memory).
-        let chunk = 1u64 << 20;
-        let zeroes = vec![0u8; chunk.min(len) as usize];
-        let mut r = Ok(());
-        let mut done = 0;
-        while r.is_ok() && done < len {
-            let n = chunk.min(len - done);
-            r = self.volume.write_bytes(offset + done, &zeroes[..n as usize]);
-            done += n;
-        }
-        match r {
+        match self.volume.write_zeroes(offset, len, false) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(Self::errno(e)),
         }
@@ -355,7 +265,7 @@ impl Filesystem for VolumeFs {
 }
 
 /// Mounts the volume at `mountdir`; unmounted when the returned session is dropped.
-pub fn mount(volume: Arc<dyn FileBackend>, mountdir: &std::path::Path) -> std::io::Result<fuser::BackgroundSession> {
+pub fn mount(volume: Arc<dyn ByteIo>, mountdir: &std::path::Path) -> std::io::Result<fuser::BackgroundSession> {
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName("tiercache".into()),

@@ -24,66 +24,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
-use tiercache_engine::Volume;
-
-/// What the server exports. Errors are errno values for the reply.
-pub trait Backend: Send + Sync + 'static {
-    fn size_bytes(&self) -> u64;
-    fn block_size(&self) -> u32;
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32>;
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32>;
-    fn flush(&self) -> Result<(), u32>;
-    fn trim(&self, offset: u64, len: u64) -> Result<(), u32>;
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32>;
-}
-
-/// Maps an engine error to the errno values the NBD protocol allows (EIO for the rest).
-fn errno(e: tiercache_engine::EngineError) -> u32 {
-    tracing::debug!(error = %e, "request failed");
-    match u32::try_from(e.errno()).unwrap_or(EIO) {
-        v @ (EPERM | EIO | 12 | EINVAL | ENOSPC | EOVERFLOW | ENOTSUP | 108) => v,
-        _ => EIO,
-    }
-}
-
-impl Backend for Volume {
-    fn size_bytes(&self) -> u64 {
-        Volume::size_bytes(self)
-    }
-    fn block_size(&self) -> u32 {
-        Volume::block_size(self)
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), u32> {
-        self.read_bytes(offset, buf).map_err(errno)
-    }
-    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), u32> {
-        self.write_bytes(offset, data).map_err(errno)?;
-        if fua {
-            Volume::flush(self).map_err(errno)?;
-        }
-        Ok(())
-    }
-    fn flush(&self) -> Result<(), u32> {
-        Volume::flush(self).map_err(errno)
-    }
-    fn trim(&self, offset: u64, len: u64) -> Result<(), u32> {
-        // TRIM is a hint: only the whole blocks inside the range are dropped.
-        let bs = u64::from(Volume::block_size(self));
-        let start = offset.div_ceil(bs) * bs;
-        let end = (offset + len) / bs * bs;
-        if end > start {
-            self.discard(start, end - start).map_err(errno)?;
-        }
-        Ok(())
-    }
-    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), u32> {
-        Volume::write_zeroes(self, offset, len).map_err(errno)?;
-        if fua {
-            Volume::flush(self).map_err(errno)?;
-        }
-        Ok(())
-    }
-}
+use tiercache_frontend::ByteIo;
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -171,9 +112,11 @@ impl Budget {
 /// How long a client may take to finish the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Accepts connections until `stop` is set, then disconnects every client and returns once
-/// their in-flight requests have completed.
-pub fn serve(listener: Listener, backend: Arc<dyn Backend>, config: Config, stop: Arc<AtomicBool>) -> io::Result<()> {
+/// Serves `backend` (the volume, or a passthrough device: any `ByteIo`) to the clients of
+/// `listener`. Accepts connections until `stop` is set, then disconnects every client and
+/// returns once their in-flight requests have completed. A failed request is answered with
+/// its errno, narrowed to the protocol's values (`proto::reply_error`).
+pub fn serve(listener: Listener, backend: Arc<dyn ByteIo>, config: Config, stop: Arc<AtomicBool>) -> io::Result<()> {
     match &listener {
         Listener::Unix(l) => l.set_nonblocking(true)?,
         Listener::Tcp(l) => l.set_nonblocking(true)?,
@@ -250,7 +193,7 @@ fn transmission_flags() -> u16 {
 }
 
 /// Runs the handshake; returns whether to go on to transmission.
-fn handshake(s: &mut dyn Stream, backend: &dyn Backend, config: &Config) -> io::Result<bool> {
+fn handshake(s: &mut dyn Stream, backend: &dyn ByteIo, config: &Config) -> io::Result<bool> {
     let mut hello = Vec::with_capacity(18);
     hello.extend_from_slice(&NBDMAGIC.to_be_bytes());
     hello.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -364,7 +307,7 @@ struct Job {
     budget: u64,
 }
 
-fn connection(mut stream: Box<dyn Stream>, backend: &dyn Backend, config: &Config, budget: &Budget) -> io::Result<()> {
+fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config, budget: &Budget) -> io::Result<()> {
     stream.set_timeout(Some(HANDSHAKE_TIMEOUT))?;
     if !handshake(&mut *stream, backend, config)? {
         return Ok(());
@@ -405,7 +348,7 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn Backend, config: &Confi
 /// Reads requests and hands them to the workers, until DISC or EOF.
 fn transmission(
     s: &mut dyn Stream,
-    backend: &dyn Backend,
+    backend: &dyn ByteIo,
     writer: &Mutex<Box<dyn Stream>>,
     tx: &mpsc::SyncSender<Job>,
     budget: &Budget,
@@ -462,7 +405,7 @@ fn transmission(
     }
 }
 
-fn execute(job: Job, backend: &dyn Backend, writer: &Mutex<Box<dyn Stream>>) -> io::Result<()> {
+fn execute(job: Job, backend: &dyn ByteIo, writer: &Mutex<Box<dyn Stream>>) -> io::Result<()> {
     let r = job.req;
     let fua = r.flags & CMD_FLAG_FUA != 0;
     let len = u64::from(r.length);
@@ -485,6 +428,6 @@ fn execute(job: Job, backend: &dyn Backend, writer: &Mutex<Box<dyn Stream>>) -> 
             w.write_all(&buf)
         }
         (Ok(()), None) => w.write_all(&encode_simple_reply(0, r.cookie)),
-        (Err(e), _) => w.write_all(&encode_simple_reply(e, r.cookie)),
+        (Err(e), _) => w.write_all(&encode_simple_reply(reply_error(e.get()), r.cookie)),
     }
 }

@@ -60,10 +60,21 @@ pub const CMD_FLAG_NO_HOLE: u16 = 1 << 1;
 // Errors in replies.
 pub const EPERM: u32 = 1;
 pub const EIO: u32 = 5;
+pub const ENOMEM: u32 = 12;
 pub const EINVAL: u32 = 22;
 pub const ENOSPC: u32 = 28;
 pub const EOVERFLOW: u32 = 75;
 pub const ENOTSUP: u32 = 95;
+pub const ESHUTDOWN: u32 = 108;
+
+/// The error a reply carries for a request that failed with `errno`: the protocol defines
+/// only the values above (as their Linux errno numbers), so anything else is sent as EIO.
+pub fn reply_error(errno: i32) -> u32 {
+    match u32::try_from(errno).unwrap_or(EIO) {
+        v @ (EPERM | EIO | ENOMEM | EINVAL | ENOSPC | EOVERFLOW | ENOTSUP | ESHUTDOWN) => v,
+        _ => EIO,
+    }
+}
 
 /// Longest option payload accepted (the spec bounds strings at 4096 bytes).
 pub const MAX_OPTION_BYTES: u32 = 8192;
@@ -206,6 +217,17 @@ mod tests {
         assert_eq!(decode_info_request(&p).unwrap(), InfoRequest { name: "abc".into(), infos: vec![INFO_BLOCK_SIZE] });
         for bad in [&p[..3], &p[..6], &p[..p.len() - 1], &[0xff, 0xff, 0xff, 0xff, 0, 0][..]] {
             assert!(decode_info_request(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn reply_errors_stay_inside_the_protocols_set() {
+        for v in [EPERM, EIO, ENOMEM, EINVAL, ENOSPC, EOVERFLOW, ENOTSUP, ESHUTDOWN] {
+            assert_eq!(reply_error(v as i32), v);
+        }
+        // EROFS, EBUSY, ENOENT, EISDIR, ENODEV, and no errno at all: EIO.
+        for e in [30, 16, 2, 21, 19, 0, -1, i32::MAX] {
+            assert_eq!(reply_error(e), EIO, "{e}");
         }
     }
 }

@@ -1,0 +1,75 @@
+//! What every tiercache frontend (NBD, FUSE, and ublk when it comes) serves, defined once.
+//!
+//! A frontend speaks a protocol; what it serves is a range of bytes. Before this crate the NBD
+//! server and the FUSE file each defined their own trait over `Volume`, mapped engine errors
+//! to errno values each in its own way, and only FUSE had a passthrough device (with its own
+//! zeroing and read-modify-write). Here there is one of each:
+//!
+//! - [`ByteIo`]: byte-range I/O at any alignment (read, write with FUA, flush, trim, write
+//!   zeroes with FUA), implemented for [`Volume`](tiercache_engine::Volume) and for
+//!   [`Passthrough`];
+//! - [`Errno`]: the errno a failed request is answered with, made from an
+//!   [`EngineError`](tiercache_engine::EngineError) or a
+//!   [`DeviceError`](tiercache_device::DeviceError) in one place (NBD narrows it further to
+//!   the values its protocol defines);
+//! - [`Passthrough`]: a plain device with no cache behind the same trait, so that every
+//!   frontend can serve the raw fast device as the baseline a benchmark compares the hybrid
+//!   volume with, through the very same stack.
+//!
+//! Frontends validate requests (bounds, sizes) before calling [`ByteIo`]; the implementations
+//! check them again, so neither relies on the other for safety.
+
+#![forbid(unsafe_code)]
+
+mod errno;
+mod passthrough;
+mod volume;
+
+pub use errno::Errno;
+pub use passthrough::Passthrough;
+
+/// A range of bytes a frontend serves: the hybrid volume, or a plain device. Every method
+/// takes `&self` and may be called from several threads at once; errors are the errno to
+/// reply with.
+pub trait ByteIo: Send + Sync + 'static {
+    /// Size in bytes; fixed while served.
+    fn size_bytes(&self) -> u64;
+    /// The preferred request unit in bytes: requests aligned to it need no read-modify-write.
+    fn block_size(&self) -> u32;
+    /// Reads `buf.len()` bytes at `offset` (any alignment).
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
+    /// Writes `data` at `offset` (any alignment: partial blocks are read, modified and written
+    /// whole). With `fua` the write is durable on return: a write, then a flush.
+    fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno>;
+    /// Makes every write completed before this call durable.
+    fn flush(&self) -> Result<(), Errno>;
+    /// A hint that a byte range holds nothing useful: only the whole blocks inside it are
+    /// discarded, and they read afterwards as their old data or as zeroes.
+    fn trim(&self, offset: u64, len: u64) -> Result<(), Errno>;
+    /// Writes zeroes over `len` bytes at `offset` (any alignment; they read as zeroes
+    /// afterwards, which a trim does not promise). With `fua`, durable on return.
+    fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Errno>;
+}
+
+/// The whole blocks of `block_size` bytes inside a byte range, as (offset, length), if any:
+/// what a trim may discard.
+fn whole_blocks_inside(offset: u64, len: u64, block_size: u32) -> Option<(u64, u64)> {
+    let bs = u64::from(block_size);
+    let start = offset.div_ceil(bs) * bs;
+    let end = offset.saturating_add(len) / bs * bs;
+    (end > start).then(|| (start, end - start))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_trim_covers_only_whole_blocks() {
+        use super::whole_blocks_inside as inside;
+        assert_eq!(inside(0, 8192, 4096), Some((0, 8192)));
+        assert_eq!(inside(1, 8192, 4096), Some((4096, 4096)));
+        assert_eq!(inside(1, 8190, 4096), None);
+        assert_eq!(inside(4096, 4095, 4096), None);
+        assert_eq!(inside(100, 0, 4096), None);
+        assert_eq!(inside(4095, 4097, 4096), Some((4096, 4096)));
+    }
+}
