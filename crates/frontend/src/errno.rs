@@ -110,7 +110,11 @@ mod tests {
             (EngineError::Poisoned { reason: "cache write failed".into() }, libc::EIO),
             (EngineError::LostBlock { block: 7 }, libc::EIO),
             (EngineError::LostBlocks { count: 1, blocks: vec![7] }, libc::EIO),
-            (EngineError::Corrupt("x".into()), libc::EIO),
+            (
+                EngineError::Corrupt(tiercache_engine::Corruption::RecordMisplaced { position: 1, claimed: 2 }),
+                libc::EIO,
+            ),
+            (EngineError::WriteBackStuck { count: 3 }, libc::EIO),
         ];
         // A device error on either device is answered as the device error itself.
         for role in [Role::Cache, Role::Backing] {

@@ -15,6 +15,8 @@
 //! connections (`INFLIGHT_BUDGET_BYTES`): a client that does not read its replies is slowed
 //! down, not given RAM.
 
+#![forbid(unsafe_code)]
+
 pub mod proto;
 
 use proto::*;

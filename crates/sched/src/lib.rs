@@ -24,6 +24,8 @@
 //! exceeds its step budget: every thread then panics at its next scheduling point with
 //! [`Stuck`], unwinding out of the simulation, and [`Sched::run`] reports it.
 
+#![forbid(unsafe_code)]
+
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::cell::RefCell;

@@ -49,6 +49,8 @@
 //! (never written), wrongly lost blocks (EIO without corruption), unexpected errors,
 //! recovery failures, panics and deadlocks.
 
+#![forbid(unsafe_code)]
+
 pub mod serial;
 pub mod stamp;
 
