@@ -471,6 +471,54 @@ fn a_block_written_back_while_its_cache_copy_rots_is_not_reported_lost() {
     assert_eq!(r.as_ref().ok(), Some(&Some(1)), "B reads {r:?} though the backing device holds its newest data");
 }
 
+// ------------------------------------------------------------------------------------------
+// The write-back races below share their set-up: a batch that took version 1 of a block and
+// waits at a held flush, version 0 rewritten over it and rotted, maybe the log lapped.
+
+/// Block `b` at version 1, flushed, and a write-back batch (`destage_step` on a thread) that
+/// took that version and now waits at `gate`'s next flush (the cache device's: before its
+/// backing write).
+fn write_back_held_at(
+    volume: &Arc<Volume>,
+    gate: &Hook,
+    b: u64,
+) -> std::thread::JoinHandle<Result<usize, EngineError>> {
+    write(volume, b, 1);
+    volume.flush().unwrap();
+    gate.hold_flush(0);
+    let destager = on_thread(volume, move |v| v.destage_step(64));
+    gate.wait_until_held();
+    destager
+}
+
+/// Version 0 again (the backing device's own content), flushed; then its only copy rots.
+fn rewrite_version_0_and_rot(volume: &Volume, cache: &SimDevice, b: u64) {
+    write(volume, b, 0);
+    volume.flush().unwrap();
+    corrupt_cached_block(cache, volume, b);
+}
+
+/// Rewrites of block `c` on a thread, each flushed, that lap the log twice: reclaim passes
+/// every older copy, rotted ones included.
+fn lap_the_log_rewriting(volume: &Arc<Volume>, c: u64) -> std::thread::JoinHandle<()> {
+    on_thread(volume, move |volume| {
+        for v in 1..=64 {
+            write(volume, c, v);
+            volume.flush().unwrap();
+        }
+    })
+}
+
+/// Once the batch wrote version 1 back, the flushed version 0 exists nowhere: each read is
+/// version 0 (a repair that was right) or lost, never version 1; and in the end, lost.
+fn assert_version_0_lost(reads: &[&Result<Option<u64>, EngineError>], b: u64) {
+    for r in reads {
+        assert!(is_lost(r, b) || r.as_ref().ok() == Some(&Some(0)), "{b} read {r:?}: the flushed version 0 was lost");
+    }
+    let after = reads.last().expect("at least the read after the race");
+    assert!(is_lost(after, b), "the backing device holds version 1, so the flushed version 0 is lost: {after:?}");
+}
+
 // Failed before its fix: a reader found a rotted dirty copy, saw its version (identical
 // content: the block's original data) on the backing device, and forgot the copy, while a
 // write-back batch that had already taken an older version of the block was still on its way
@@ -482,29 +530,16 @@ fn a_repair_from_the_backing_device_waits_for_an_older_write_back_in_flight() {
     let gated = Hook::new(Arc::clone(&cache));
     let volume = Arc::new(open(gated.clone(), backing.clone()));
     const B: u64 = 9;
-    write(&volume, B, 1);
-    volume.flush().unwrap();
     // The batch takes version 1 and stops at the cache flush before its backing write.
-    gated.hold_flush(0);
-    let destager = on_thread(&volume, move |v| v.destage_step(64));
-    gated.wait_until_held();
-    // Version 0 again (the backing device's content), flushed; then its only copy rots.
-    write(&volume, B, 0);
-    volume.flush().unwrap();
-    corrupt_cached_block(&cache, &volume, B);
+    let destager = write_back_held_at(&volume, &gated, B);
+    rewrite_version_0_and_rot(&volume, &cache, B);
     let reader = on_thread(&volume, move |v| read_version(v, B));
     // Give an unfixed engine time to answer from the backing device before the batch resumes.
     std::thread::sleep(std::time::Duration::from_millis(200));
     gated.open_gate();
     destager.join().unwrap().unwrap();
     let during = reader.join().unwrap();
-    let after = read_version(&volume, B);
-    for r in [&during, &after] {
-        // Version 0 (a repair that was right) or lost (the backing device now holds version
-        // 1, so the flushed version 0 exists nowhere), never version 1.
-        assert!(is_lost(r, B) || r.as_ref().ok() == Some(&Some(0)), "B read {r:?}: the flushed version 0 was lost");
-    }
-    assert!(is_lost(&after, B), "the backing device holds version 1, so version 0 is lost: {after:?}");
+    assert_version_0_lost(&[&during, &read_version(&volume, B)], B);
 }
 
 // Found by the adversarial review of the destage-lock fix: a reader waiting for the batch
@@ -517,11 +552,7 @@ fn a_copy_written_back_while_its_reader_waited_is_not_declared_lost() {
     let gated = Hook::new(Arc::clone(&backing));
     let volume = Arc::new(open(cache.clone(), gated.clone()));
     const B: u64 = 9;
-    write(&volume, B, 1);
-    volume.flush().unwrap();
-    gated.hold_flush(0);
-    let destager = on_thread(&volume, move |v| v.destage_step(64));
-    gated.wait_until_held();
+    let destager = write_back_held_at(&volume, &gated, B);
     corrupt_cached_block(&cache, &volume, B);
     let reader = on_thread(&volume, move |v| read_version(v, B));
     std::thread::sleep(std::time::Duration::from_millis(200));
@@ -545,14 +576,9 @@ fn a_write_back_that_finishes_during_the_backing_check_is_not_missed() {
     let gated_backing = Hook::new(Arc::clone(&backing));
     let volume = Arc::new(open(gated_cache.clone(), gated_backing.clone()));
     const B: u64 = 9;
-    write(&volume, B, 1);
-    volume.flush().unwrap();
-    gated_cache.hold_flush(0); // the batch stops before its backing write, holding version 1
-    let destager = on_thread(&volume, move |v| v.destage_step(64));
-    gated_cache.wait_until_held();
-    write(&volume, B, 0);
-    volume.flush().unwrap();
-    corrupt_cached_block(&cache, &volume, B);
+    // The batch stops before its backing write, holding version 1.
+    let destager = write_back_held_at(&volume, &gated_cache, B);
+    rewrite_version_0_and_rot(&volume, &cache, B);
     // The next backing flush: the reader's, if it checks at once (an unfixed engine), or the
     // batch's, if the reader waits for the batch (the fixed one).
     gated_backing.hold_flush(0);
@@ -563,11 +589,7 @@ fn a_write_back_that_finishes_during_the_backing_check_is_not_missed() {
     gated_backing.open_gate();
     destager.join().unwrap().unwrap();
     let during = reader.join().unwrap();
-    let after = read_version(&volume, B);
-    for r in [&during, &after] {
-        assert!(is_lost(r, B) || r.as_ref().ok() == Some(&Some(0)), "B read {r:?}: the flushed version 0 was lost");
-    }
-    assert!(is_lost(&after, B), "the backing device holds version 1, so version 0 is lost: {after:?}");
+    assert_version_0_lost(&[&during, &read_version(&volume, B)], B);
 }
 
 // The same race on reclaim's path: reclaim reaches the rotted copy while it copies live dirty
@@ -580,27 +602,14 @@ fn reclaim_does_not_forget_a_rotted_copy_while_an_older_write_back_is_in_flight(
     let volume = Arc::new(open(gated.clone(), backing.clone()));
     const B: u64 = 9;
     const C: u64 = 20;
-    write(&volume, B, 1);
-    volume.flush().unwrap();
-    gated.hold_flush(0);
-    let destager = on_thread(&volume, move |v| v.destage_step(64));
-    gated.wait_until_held();
-    write(&volume, B, 0);
-    volume.flush().unwrap();
-    corrupt_cached_block(&cache, &volume, B);
-    // Rewrites of another block lap the log twice: reclaim passes B's rotted copy.
-    let writer = on_thread(&volume, |volume| {
-        for v in 1..=64 {
-            write(volume, C, v);
-            volume.flush().unwrap();
-        }
-    });
+    let destager = write_back_held_at(&volume, &gated, B);
+    rewrite_version_0_and_rot(&volume, &cache, B);
+    let writer = lap_the_log_rewriting(&volume, C);
     std::thread::sleep(std::time::Duration::from_millis(200));
     gated.open_gate();
     destager.join().unwrap().unwrap();
     writer.join().unwrap();
-    let after = read_version(&volume, B);
-    assert!(is_lost(&after, B), "the backing device holds version 1, so the flushed version 0 is lost: {after:?}");
+    assert_version_0_lost(&[&read_version(&volume, B)], B);
     assert_eq!(read_version(&volume, C).unwrap(), Some(64));
 }
 
@@ -613,29 +622,17 @@ fn reclaim_does_not_miss_a_write_back_that_finishes_during_its_backing_check() {
     let volume = Arc::new(open(gated_cache.clone(), gated_backing.clone()));
     const B: u64 = 9;
     const C: u64 = 20;
-    write(&volume, B, 1);
-    volume.flush().unwrap();
-    gated_cache.hold_flush(0);
-    let destager = on_thread(&volume, move |v| v.destage_step(64));
-    gated_cache.wait_until_held();
-    write(&volume, B, 0);
-    volume.flush().unwrap();
-    corrupt_cached_block(&cache, &volume, B);
+    let destager = write_back_held_at(&volume, &gated_cache, B);
+    rewrite_version_0_and_rot(&volume, &cache, B);
     gated_backing.hold_flush(0);
-    let writer = on_thread(&volume, |volume| {
-        for v in 1..=64 {
-            write(volume, C, v);
-            volume.flush().unwrap();
-        }
-    });
+    let writer = lap_the_log_rewriting(&volume, C);
     std::thread::sleep(std::time::Duration::from_millis(200));
     gated_cache.open_gate();
     std::thread::sleep(std::time::Duration::from_millis(200));
     gated_backing.open_gate();
     destager.join().unwrap().unwrap();
     writer.join().unwrap();
-    let after = read_version(&volume, B);
-    assert!(is_lost(&after, B), "the backing device holds version 1, so the flushed version 0 is lost: {after:?}");
+    assert_version_0_lost(&[&read_version(&volume, B)], B);
 }
 
 // ------------------------------------------------------------------------------------------
