@@ -300,7 +300,7 @@ fn mistakes_that_would_destroy_data_are_refused_and_change_nothing() {
     fails_with(&["create", "--cache", s(&other), "--cache-size", "16M", "--backing", s(&f.cache)], "swapped");
     fails_with(
         &["create", "--cache", s(&other), "--cache-size", "64M", "--backing", s(&f.backing)],
-        "(64.0 MiB) is no larger than the cache (64.0 MiB): are --cache and --backing swapped? (pass --force",
+        "(64.00 MiB) is no larger than the cache (64.00 MiB): are --cache and --backing swapped? (pass --force",
     );
     fails_with(&["create", "--cache", s(&other), "--cache-size", "10P", "--backing", s(&f.backing)], "no larger");
     fails_with(
