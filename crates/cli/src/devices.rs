@@ -72,7 +72,7 @@ pub fn precondition_file(path: &Path, len: u64, quiet: bool) -> Result<()> {
     use std::io::Write;
     let mut f =
         std::fs::OpenOptions::new().write(true).open(path).with_context(|| format!("opening {}", path.display()))?;
-    let pb = crate::volume_cmds::progress("allocating", quiet);
+    let pb = crate::report::progress("allocating", quiet);
     pb.set_length(len);
     let chunk = vec![0u8; 4 << 20];
     let mut done = 0u64;

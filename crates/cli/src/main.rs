@@ -1,7 +1,22 @@
 //! The `tiercache` command. Thin: parses arguments, calls the library crates, prints reports.
 //! Operating errors become one line on stderr and a non-zero exit code.
+//!
+//! The modules depend on each other in one direction only (no cycles); `a -> b` means `a`
+//! uses `b`:
+//!
+//! ```text
+//! volume_cmds -> control, devices, report, safety
+//! serve       -> control, devices, metrics
+//! bench       -> devices, report, safety
+//! torture_cmd -> report
+//! debug_load  -> devices
+//! control     -> devices          (the control socket's messages and client side)
+//! devices     -> report
+//! metrics, report, safety         (use no other module)
+//! ```
 
 mod bench;
+mod control;
 #[cfg(feature = "simulator")]
 mod debug_load;
 mod devices;

@@ -1,7 +1,7 @@
 //! Report helpers shared by the commands: latency histograms and plain-text tables.
 
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{HumanCount, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 /// What a progress bar counts.
 pub enum Progress {
@@ -27,6 +27,11 @@ pub fn progress_bar(prefix: &str, length: u64, kind: Progress, quiet: bool) -> P
     pb
 }
 
+/// A progress bar that counts items, its length set later.
+pub fn progress(what: &str, quiet: bool) -> ProgressBar {
+    progress_bar(what, 0, Progress::Count, quiet)
+}
+
 /// Latencies in nanoseconds, from 1 ns to 1 hour, 3 significant digits.
 pub fn latency_histogram() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 3_600_000_000_000, 3).expect("valid histogram bounds")
@@ -42,22 +47,10 @@ pub fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
 
-/// Formats an integer-ish value with thousands separators: 21200.4 -> "21,200".
+/// A rate rounded to a whole number with thousands separators (indicatif's `HumanCount`):
+/// 21200.4 -> "21,200".
 pub fn thousands(x: f64) -> String {
-    let n = x.round() as i64;
-    let s = n.abs().to_string();
-    let mut out = String::new();
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    if n < 0 {
-        format!("-{out}")
-    } else {
-        out
-    }
+    HumanCount(x.round() as u64).to_string()
 }
 
 /// A plain-text table with right-aligned numeric columns (every column but the first).

@@ -3,11 +3,13 @@
 //! on a control socket, and on SIGTERM or SIGINT disconnects clients, makes everything
 //! durable and exits. SIGKILL at any moment loses nothing that was flushed.
 
+use crate::control::{self, ErrorReply, FlushReply, LatencyWindow, Rates, Request, ServerReport, StatusReply};
 use crate::devices::DeviceSpec;
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use indicatif::HumanBytes;
 use sd_notify::NotifyState;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -147,17 +149,6 @@ fn notify(states: &[NotifyState]) {
     if let Err(e) = sd_notify::notify(false, states) {
         tracing::warn!(error = %e, "telling the service manager (NOTIFY_SOCKET) failed");
     }
-}
-
-/// Where the control socket of the volume with this UUID lives by default.
-pub fn default_control_path(uuid: &str) -> PathBuf {
-    let dir = if nix_is_root() { PathBuf::from("/run/tiercache") } else { std::env::temp_dir().join("tiercache") };
-    dir.join(format!("{uuid}.sock"))
-}
-
-fn nix_is_root() -> bool {
-    // SAFETY: geteuid has no preconditions and touches no memory.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// Binds a Unix socket, replacing a stale socket file (one nobody listens on).
@@ -302,7 +293,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
     }
     let status = volume.status();
-    let control_path = args.control.clone().unwrap_or_else(|| default_control_path(&status.uuid));
+    let control_path = args.control.clone().unwrap_or_else(|| control::default_path(&status.uuid));
     let control = bind_unix(&control_path)?;
     control.set_nonblocking(true)?;
     let config = tiercache_nbd::Config {
@@ -365,8 +356,8 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let serving = format!(
         "serving {} ({} cached, {} dirty) on {}; control socket {}",
         cache_spec,
-        crate::volume_cmds::human_bytes(status.cached_bytes),
-        crate::volume_cmds::human_bytes(status.dirty_bytes),
+        HumanBytes(status.cached_bytes),
+        HumanBytes(status.dirty_bytes),
         endpoints.join(", "),
         control_path.display()
     );
@@ -449,35 +440,36 @@ fn unmount(dir: &Path) -> std::io::Result<()> {
     }
 }
 
-/// The control protocol: one request line (at most 4 KiB), JSON reply lines.
-/// - `status`: one line, the volume's status.
-/// - `flush`: writes back every block dirty now while the volume keeps serving (paced to
-///   half the devices' time, so the foreground load keeps at least about half its rate);
-///   a line `{"done":N,"remaining":M}` per batch, then `{"ok":true,"written_back":N}` or
-///   `{"error":"...","lost_blocks":[...]}`. A client that goes away stops it; what was
-///   written back stays clean, and the next `flush` continues from there.
+/// Answers one control connection (the protocol is in `control`). A flush writes back every
+/// block dirty now while the volume keeps serving (paced to half the devices' time, so the
+/// foreground load keeps at least about half its rate), reporting each batch. A client that
+/// goes away stops it; what was written back stays clean, and the next `flush` continues
+/// from there.
 fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Result<()> {
     use std::io::Read;
     conn.set_nonblocking(false)?;
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let mut line = String::new();
-    BufReader::new((&conn).take(4096)).read_line(&mut line)?;
-    let mut w = &conn;
-    match line.trim() {
-        "status" => {
+    let mut line = Vec::new();
+    let w = &conn;
+    if let Err(e) = BufReader::new((&conn).take(4096)).read_until(b'\n', &mut line) {
+        control::write_line(w, &ErrorReply::new(format!("reading the request: {e}")))?;
+        return Ok(());
+    }
+    // (Not UTF-8: the request is wrong all the same, and the reply still names it.)
+    match Request::parse(&String::from_utf8_lossy(&line)) {
+        Ok(Request::Status) => {
             let status = volume.status();
-            let mut v = serde_json::to_value(&status)?;
-            v["server"] = server.report(status.counters, status.block_size);
-            writeln!(w, "{v}")?
+            let server = server.report(status.counters, status.block_size);
+            control::write_line(w, &StatusReply { volume: status, server })?
         }
-        "flush" => {
+        Ok(Request::Flush) => {
             tracing::info!("online flush requested through the control socket");
             let mut gone = false;
             let r = volume.write_back_all(ONLINE_FLUSH_BUSY_SHARE, |done, remaining| {
                 notify(&[NotifyState::Status(&format!(
                     "serving; online flush: {done} blocks written back, {remaining} to go"
                 ))]);
-                gone = writeln!(w, "{}", serde_json::json!({ "done": done, "remaining": remaining })).is_err();
+                gone = control::write_line(w, &FlushReply::Progress { done, remaining }).is_err();
                 !gone
             });
             notify(&[NotifyState::Status("serving")]);
@@ -489,23 +481,23 @@ fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Res
                     );
                     return Ok(());
                 }
-                Ok(n) => serde_json::json!({ "ok": true, "written_back": n }),
-                Err(tiercache_engine::EngineError::LostBlocks { blocks, .. }) => serde_json::json!({
-                    "error": "some blocks are lost: their only copy failed its checksum, and the backing device holds stale data for them",
-                    "lost_blocks": blocks,
+                Ok(n) => FlushReply::Finished { ok: true, written_back: n },
+                Err(tiercache_engine::EngineError::LostBlocks { blocks, .. }) => FlushReply::Failed(ErrorReply {
+                    error: "some blocks are lost: their only copy failed its checksum, and the backing device holds stale data for them".into(),
+                    lost_blocks: Some(blocks),
                 }),
-                Err(e) => serde_json::json!({ "error": e.to_string() }),
+                Err(e) => FlushReply::Failed(ErrorReply::new(e.to_string())),
             };
-            tracing::info!(result = %reply, "online flush ended");
-            writeln!(w, "{reply}")?;
+            tracing::info!(result = %serde_json::to_string(&reply)?, "online flush ended");
+            control::write_line(w, &reply)?;
         }
-        other => writeln!(w, "{}", serde_json::json!({ "error": format!("unknown request '{other}'") }))?,
+        Err(e) => control::write_line(w, &ErrorReply::new(format!("bad request: {e}")))?,
     }
     Ok(())
 }
 
-/// What `status` shows of the server itself: who, since when, where, and the rates of the
-/// last 10 s and minute (from counters sampled every second).
+/// What the server knows of itself for `status` (`ServerReport`), with the counters sampled
+/// every second that its rates come from.
 struct ServerInfo {
     pid: u32,
     started: std::time::Instant,
@@ -530,90 +522,62 @@ impl ServerInfo {
     }
 
     /// The server's part of the status reply.
-    fn report(&self, now: Counters, block_size: u32) -> serde_json::Value {
+    fn report(&self, now: Counters, block_size: u32) -> ServerReport {
         let latency_now = self.observed.recent.snapshot();
         let samples = self.samples.lock().expect("rate samples");
         let at = std::time::Instant::now();
         let bs = f64::from(block_size);
-        let rates = |window: u64| -> serde_json::Value {
+        let rates = |window: u64| -> Option<Rates> {
             // The oldest sample within the window (or the oldest there is).
-            let Some((t, then, latency_then)) =
-                samples.iter().find(|(t, _, _)| at.duration_since(*t).as_secs() <= window)
-            else {
-                return serde_json::Value::Null;
-            };
+            let (t, then, latency_then) = samples.iter().find(|(t, _, _)| at.duration_since(*t).as_secs() <= window)?;
             let secs = at.duration_since(*t).as_secs_f64();
             if secs < 0.5 {
-                return serde_json::Value::Null;
+                return None;
             }
             let round = |x: f64| (x * 10.0).round() / 10.0;
             let per_s = |a: u64, b: u64| round(a.saturating_sub(b) as f64 / secs);
             let mib_per_s = |a: u64, b: u64| round(a.saturating_sub(b) as f64 * bs / secs / 1048576.0);
             let hits = now.read_hit_blocks.saturating_sub(then.read_hit_blocks);
             let misses = now.read_miss_blocks.saturating_sub(then.read_miss_blocks);
-            serde_json::json!({
-                "seconds": (secs * 10.0).round() / 10.0,
-                "read_requests_per_second": per_s(now.read_requests, then.read_requests),
-                "write_requests_per_second": per_s(now.write_requests, then.write_requests),
-                "flush_requests_per_second": per_s(now.flush_requests, then.flush_requests),
-                "read_mib_per_second": mib_per_s(hits + misses, 0),
-                "write_mib_per_second": mib_per_s(now.written_blocks, then.written_blocks),
-                "written_back_mib_per_second": mib_per_s(now.destaged_blocks, then.destaged_blocks),
-                "read_hit_ratio": if hits + misses > 0 { Some(hits as f64 / (hits + misses) as f64) } else { None },
-                "latency_us": latency_now.iter().zip(latency_then).zip(crate::metrics::RecentLatency::KINDS).map(|((now, then), kind)| {
+            let latency_us = latency_now
+                .iter()
+                .zip(latency_then)
+                .zip(crate::metrics::RecentLatency::KINDS)
+                .map(|((now, then), kind)| {
                     let mut h = now.clone();
                     // (Cumulative histograms: the window is the difference.)
-                    let window = h.subtract(then).is_ok() && !h.is_empty();
-                    (kind.to_string(), if window {
-                        serde_json::json!({ "count": h.len(), "p50": h.value_at_quantile(0.5), "p99": h.value_at_quantile(0.99), "p999": h.value_at_quantile(0.999) })
-                    } else {
-                        serde_json::Value::Null
-                    })
-                }).collect::<serde_json::Map<String, serde_json::Value>>(),
+                    let window = (h.subtract(then).is_ok() && !h.is_empty()).then(|| LatencyWindow {
+                        count: h.len(),
+                        p50: h.value_at_quantile(0.5),
+                        p99: h.value_at_quantile(0.99),
+                        p999: h.value_at_quantile(0.999),
+                    });
+                    (kind.to_string(), window)
+                })
+                .collect();
+            Some(Rates {
+                seconds: round(secs),
+                read_requests_per_second: per_s(now.read_requests, then.read_requests),
+                write_requests_per_second: per_s(now.write_requests, then.write_requests),
+                flush_requests_per_second: per_s(now.flush_requests, then.flush_requests),
+                read_mib_per_second: mib_per_s(hits + misses, 0),
+                write_mib_per_second: mib_per_s(now.written_blocks, then.written_blocks),
+                written_back_mib_per_second: mib_per_s(now.destaged_blocks, then.destaged_blocks),
+                read_hit_ratio: (hits + misses > 0).then(|| hits as f64 / (hits + misses) as f64),
+                latency_us,
             })
         };
-        serde_json::json!({
-            "pid": self.pid,
-            "uptime_seconds": self.started.elapsed().as_secs(),
-            "endpoints": self.endpoints,
-            "control_socket": self.control,
-            "nbd_clients": self.nbd_clients.load(Ordering::Relaxed),
-            "rates_10s": rates(10),
-            "rates_1min": rates(60),
-        })
+        ServerReport {
+            pid: self.pid,
+            uptime_seconds: self.started.elapsed().as_secs(),
+            endpoints: self.endpoints.clone(),
+            control_socket: self.control.display().to_string(),
+            nbd_clients: self.nbd_clients.load(Ordering::Relaxed),
+            rates_10s: rates(10),
+            rates_1min: rates(60),
+        }
     }
 }
 
 /// The share of time an online flush keeps the devices busy with write-back.
 const ONLINE_FLUSH_BUSY_SHARE: f64 = 0.5;
-
-/// Asks a running server to write back everything dirty, calling `progress(done, remaining)`
-/// for each batch it reports; returns how many blocks it wrote back.
-pub fn request_flush(socket: &Path, mut progress: impl FnMut(u64, u64)) -> Result<u64> {
-    let mut conn = UnixStream::connect(socket).with_context(|| format!("connecting to {}", socket.display()))?;
-    writeln!(conn, "flush")?;
-    for line in BufReader::new(&conn).lines() {
-        let v: serde_json::Value = serde_json::from_str(&line?).context("decoding the server's reply")?;
-        if let Some(done) = v.get("done").and_then(|d| d.as_u64()) {
-            progress(done, v.get("remaining").and_then(|r| r.as_u64()).unwrap_or(0));
-        } else if v.get("ok").is_some() {
-            return Ok(v.get("written_back").and_then(|n| n.as_u64()).unwrap_or(0));
-        } else if let Some(e) = v.get("error").and_then(|e| e.as_str()) {
-            match v.get("lost_blocks") {
-                Some(blocks) => bail!("the server's flush failed: {e}; lost blocks: {blocks}"),
-                None => bail!("the server's flush failed: {e}"),
-            }
-        }
-    }
-    bail!("the server closed the control connection before the flush ended (did it stop?)")
-}
-
-/// Asks a running server for the volume's status (`None` if no server answers).
-pub fn query_status(socket: &Path) -> Option<serde_json::Value> {
-    let mut conn = UnixStream::connect(socket).ok()?;
-    conn.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-    writeln!(conn, "status").ok()?;
-    let mut line = String::new();
-    BufReader::new(&conn).read_line(&mut line).ok()?;
-    serde_json::from_str(&line).ok()
-}

@@ -1,6 +1,6 @@
 //! `tiercache torture`: the crash simulator from the command line.
 
-use crate::volume_cmds::progress;
+use crate::report::progress;
 use anyhow::{bail, Result};
 use clap::Args;
 use serde::Serialize;
@@ -226,26 +226,12 @@ pub fn torture_cmd(args: TortureArgs) -> Result<()> {
     let cycles = args.cycles.unwrap_or(1000);
     let ops = args.ops.unwrap_or(200);
     let seeds: Vec<u64> = (first..first + args.seeds.max(1)).collect();
-    let jobs = std::thread::available_parallelism().map_or(1, |n| n.get()).min(seeds.len());
     let pb = progress("crash cycles", args.json);
     pb.set_length(cycles * seeds.len() as u64);
     let sabotage = args.sabotage.unwrap_or_default();
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let reports = std::sync::Mutex::new(Vec::new());
-    std::thread::scope(|s| {
-        for _ in 0..jobs {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let Some(&seed) = seeds.get(i) else { break };
-                let config = TortureConfig { seed, cycles, max_ops_per_cycle: ops, sabotage };
-                let r = run(config, |_| pb.inc(1));
-                reports.lock().expect("reports lock").push(r);
-            });
-        }
-    });
+    let reports =
+        run_seeds(&seeds, |seed| run(TortureConfig { seed, cycles, max_ops_per_cycle: ops, sabotage }, |_| pb.inc(1)));
     pb.finish_and_clear();
-    let mut reports = reports.into_inner().expect("reports lock");
-    reports.sort_by_key(|r| r.seed);
     let mut summary = Summary::default();
     for r in &reports {
         summary.add(r);

@@ -1,9 +1,12 @@
 //! `create`, `status`, `check` and `flush`: the commands that format and inspect a cache.
 
+use crate::control::{self, ServerReport, StatusReply};
 use crate::devices::{parse_percent, parse_size, DeviceSpec};
+use crate::report::progress;
 use crate::safety::{self, Contents};
 use anyhow::{bail, Context, Result};
 use clap::Args;
+use indicatif::HumanBytes;
 use std::sync::Arc;
 use tiercache_device::MonotonicClock;
 use tiercache_engine::{create, read_superblock, CreateOptions, Volume, VolumeOptions};
@@ -80,8 +83,8 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
         if let Some(cache_bytes) = cache_bytes.filter(|&c| backing.size_bytes() <= c) {
             bail!(
                 "backing device {backing_name} ({}) is no larger than the cache ({}): are --cache and --backing swapped? (pass --force to cache it anyway)",
-                human_bytes(backing.size_bytes()),
-                human_bytes(cache_bytes)
+                HumanBytes(backing.size_bytes()),
+                HumanBytes(cache_bytes)
             );
         }
     }
@@ -180,7 +183,7 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
         let v = serde_json::json!({
             "cache": path.display().to_string(),
             "backing": backing_spec.path().display().to_string(),
-            "uuid": sb.uuid.iter().map(|b| format!("{b:02x}")).collect::<String>(),
+            "uuid": tiercache_format::uuid_hex(&sb.uuid),
             "block_size": l.block_size,
             "cache_size_bytes": sb.cache_size_bytes,
             "log_bytes": log_bytes,
@@ -193,10 +196,10 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
             "formatted {} as a write-back cache for {}: {} of cache blocks ({} blocks of {} bytes), index RAM about {}",
             path.display(),
             backing_spec.path().display(),
-            human_bytes(log_bytes),
+            HumanBytes(log_bytes),
             l.log_blocks,
             l.block_size,
-            human_bytes(index_bytes)
+            HumanBytes(index_bytes)
         );
     }
     Ok(())
@@ -269,19 +272,19 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
     let print_json = |v: &serde_json::Value| -> Result<String> {
         Ok(if compact { format!("{v}\n") } else { format!("{}\n", serde_json::to_string_pretty(v)?) })
     };
-    let (s, server): (tiercache_engine::Status, Option<serde_json::Value>) = match spec.open_read_only("cache") {
+    let (s, server) = match spec.open_read_only("cache") {
         Ok(cache) => (Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?.status(), None),
         Err(e) if is_locked(&e) => {
             // A server holds the device: ask it.
-            let socket = control_socket_of(&spec, args.control.as_deref())?;
-            let v = crate::serve::query_status(&socket).with_context(|| {
+            let socket = control::socket_of(&spec, args.control.as_deref())?;
+            let reply = control::query_status(&socket).with_context(|| {
                 format!("{} is in use, but no tiercache server answers on its control socket", spec.path().display())
             })?;
             if args.json {
-                return print_json(&v);
+                return print_json(&serde_json::to_value(&reply)?);
             }
-            let server = v.get("server").cloned();
-            (serde_json::from_value(v).context("decoding the server's status")?, server)
+            let StatusReply { volume, server } = reply;
+            (volume, Some(server))
         }
         Err(e) => return Err(e),
     };
@@ -296,14 +299,14 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         ("mode", s.mode.to_string()),
         ("state", s.failure.clone().map_or(s.state.to_string(), |f| format!("{}: {f}", s.state))),
         ("backing (at format)", s.backing_path.clone()),
-        ("cache size", human_bytes(s.cache_size_bytes)),
-        ("backing size", human_bytes(s.backing_size_bytes)),
+        ("cache size", HumanBytes(s.cache_size_bytes).to_string()),
+        ("backing size", HumanBytes(s.backing_size_bytes).to_string()),
         ("block size", s.block_size.to_string()),
         (
             "cached",
             format!(
                 "{} ({} blocks, {} of the cache)",
-                human_bytes(s.cached_bytes),
+                HumanBytes(s.cached_bytes),
                 s.cached_blocks,
                 pct(s.cached_bytes, s.log_bytes)
             ),
@@ -312,7 +315,7 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
             "dirty",
             format!(
                 "{} ({} blocks, {} of the cache)",
-                human_bytes(s.dirty_bytes),
+                HumanBytes(s.dirty_bytes),
                 s.dirty_blocks,
                 pct(s.dirty_bytes, s.log_bytes)
             ),
@@ -332,7 +335,7 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
             "index RAM",
             format!(
                 "{} ({:.1} bytes per cached block)",
-                human_bytes(s.index_ram_bytes),
+                HumanBytes(s.index_ram_bytes),
                 s.index_ram_bytes_per_cached_block
             ),
         ),
@@ -343,37 +346,37 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
 }
 
 /// The server's rows of `status`: pid, uptime, endpoints, clients, recent rates.
-fn server_rows(v: &serde_json::Value) -> Vec<(&'static str, String)> {
-    let up = v["uptime_seconds"].as_u64().unwrap_or(0);
-    let endpoints: Vec<&str> =
-        v["endpoints"].as_array().map(|a| a.iter().filter_map(|e| e.as_str()).collect()).unwrap_or_default();
+fn server_rows(v: &ServerReport) -> Vec<(&'static str, String)> {
+    let up = v.uptime_seconds;
     let mut rows = vec![
-        ("served by", format!("pid {}, up {}h{:02}m{:02}s", v["pid"], up / 3600, up / 60 % 60, up % 60)),
-        ("endpoints", endpoints.join(", ")),
-        ("NBD clients", v["nbd_clients"].to_string()),
+        ("served by", format!("pid {}, up {}h{:02}m{:02}s", v.pid, up / 3600, up / 60 % 60, up % 60)),
+        ("endpoints", v.endpoints.join(", ")),
+        ("NBD clients", v.nbd_clients.to_string()),
     ];
-    for (key, name) in [("rates_10s", "last 10 s"), ("rates_1min", "last minute")] {
-        let r = &v[key];
-        let text = if r.is_null() {
-            "-".to_string()
-        } else {
-            format!(
-                "read {} req/s ({} MiB/s, hits {}), write {} req/s ({} MiB/s), flush {}/s, written back {} MiB/s",
-                r["read_requests_per_second"],
-                r["read_mib_per_second"],
-                r["read_hit_ratio"].as_f64().map_or("-".into(), |h| format!("{:.1} %", 100.0 * h)),
-                r["write_requests_per_second"],
-                r["write_mib_per_second"],
-                r["flush_requests_per_second"],
-                r["written_back_mib_per_second"],
-            )
+    for (r, name) in [(&v.rates_10s, "last 10 s"), (&v.rates_1min, "last minute")] {
+        let Some(r) = r else {
+            rows.push((name, "-".to_string()));
+            continue;
         };
-        rows.push((name, text));
+        // (The rates are rounded to one decimal.)
+        rows.push((
+            name,
+            format!(
+                "read {:.1} req/s ({:.1} MiB/s, hits {}), write {:.1} req/s ({:.1} MiB/s), flush {:.1}/s, written back {:.1} MiB/s",
+                r.read_requests_per_second,
+                r.read_mib_per_second,
+                r.read_hit_ratio.map_or("-".into(), |h| format!("{:.1} %", 100.0 * h)),
+                r.write_requests_per_second,
+                r.write_mib_per_second,
+                r.flush_requests_per_second,
+                r.written_back_mib_per_second,
+            ),
+        ));
         let lat: Vec<String> = ["read", "write", "flush"]
             .iter()
             .filter_map(|k| {
-                let l = &r["latency_us"][*k];
-                (!l.is_null()).then(|| format!("{k} p50 {} µs, p99 {} µs", l["p50"], l["p99"]))
+                let l = r.latency_us.get(*k)?.as_ref()?;
+                Some(format!("{k} p50 {} µs, p99 {} µs", l.p50, l.p99))
             })
             .collect();
         if !lat.is_empty() {
@@ -429,10 +432,10 @@ pub fn check_cmd(args: CheckArgs) -> Result<()> {
         Err(e) if is_locked(&e) => {
             // Say who holds it and what to do instead.
             let spec = DeviceSpec::parse(&args.devices.cache)?;
-            let server = control_socket_of(&spec, None)
+            let server = control::socket_of(&spec, None)
                 .ok()
-                .and_then(|socket| crate::serve::query_status(&socket))
-                .and_then(|v| v["server"]["pid"].as_u64());
+                .and_then(|socket| control::query_status(&socket))
+                .map(|reply| reply.server.pid);
             match server {
                 Some(pid) => bail!(
                     "{} is served by tiercache (pid {pid}): `check` reads every block and needs the devices to itself, so it does not run under a live volume; `tiercache status --cache {}` shows the live state (lost blocks included), and stopping the server first lets `check` run",
@@ -532,15 +535,15 @@ pub fn flush_cmd(args: FlushArgs) -> Result<()> {
 
 /// `flush` of a served volume: the server does it, this process shows its progress.
 fn flush_online(args: &FlushArgs, spec: &DeviceSpec, started: std::time::Instant) -> Result<()> {
-    let socket = control_socket_of(spec, args.control.as_deref())?;
+    let socket = control::socket_of(spec, args.control.as_deref())?;
     let pb = progress("writing back", args.json);
-    let written = crate::serve::request_flush(&socket, |done, remaining| {
+    let written = control::request_flush(&socket, |done, remaining| {
         pb.set_length(done + remaining);
         pb.set_position(done);
     })
     .with_context(|| format!("{} is served; its server was asked to write back", spec.path().display()))?;
     pb.finish_and_clear();
-    let dirty = crate::serve::query_status(&socket).and_then(|v| v.get("dirty_blocks").and_then(|d| d.as_u64()));
+    let dirty = control::query_status(&socket).map(|reply| reply.volume.dirty_blocks);
     report_flush(args, written, dirty.unwrap_or(0), started, true)
 }
 
@@ -565,21 +568,6 @@ fn report_flush(
     Ok(())
 }
 
-/// The control socket of the server that holds `spec` (the superblock, read without the
-/// lock, names it by the volume's UUID), or `explicit`.
-fn control_socket_of(spec: &DeviceSpec, explicit: Option<&std::path::Path>) -> Result<std::path::PathBuf> {
-    if let Some(p) = explicit {
-        return Ok(p.to_path_buf());
-    }
-    let dev = tiercache_device::FileDevice::open_with(
-        spec.path(),
-        tiercache_device::OpenOptions { direct: false, lock: false, read_only: true },
-    )?;
-    let sb = read_superblock(&dev)?;
-    let uuid: String = sb.uuid.iter().map(|b| format!("{b:02x}")).collect();
-    Ok(crate::serve::default_control_path(&uuid))
-}
-
 fn is_locked(e: &anyhow::Error) -> bool {
     e.chain().any(|c| {
         matches!(
@@ -587,24 +575,4 @@ fn is_locked(e: &anyhow::Error) -> bool {
             Some(tiercache_device::DeviceError::AlreadyOpen { .. })
         )
     })
-}
-
-/// A progress bar that counts items (see `report::progress_bar`).
-pub fn progress(what: &str, quiet: bool) -> indicatif::ProgressBar {
-    crate::report::progress_bar(what, 0, crate::report::Progress::Count, quiet)
-}
-
-pub fn human_bytes(b: u64) -> String {
-    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = b as f64;
-    let mut u = 0;
-    while v >= 1024.0 && u + 1 < UNITS.len() {
-        v /= 1024.0;
-        u += 1;
-    }
-    if u == 0 {
-        format!("{b} B")
-    } else {
-        format!("{v:.1} {}", UNITS[u])
-    }
 }

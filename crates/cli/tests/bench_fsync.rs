@@ -3,19 +3,14 @@
 //! documented shape. Speeds are not asserted here (the machine is shared): they are the
 //! benchmark's output, not its test.
 
+mod common;
+
+use common::{fails_with, tiercache};
 use std::os::unix::fs::PermissionsExt;
-use std::process::Command;
 
-fn tiercache(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_tiercache")).args(args).output().expect("run tiercache")
-}
-
+/// One line on stderr (see `common::fails_with`), and no report on stdout.
 fn assert_one_line_error(args: &[&str], expected: &str) {
-    let out = tiercache(args);
-    assert!(!out.status.success(), "{args:?} succeeded");
-    let stderr = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(stderr.lines().count(), 1, "{args:?}: not one line: {stderr:?}");
-    assert!(stderr.contains(expected), "{args:?}: {stderr:?} lacks {expected:?}");
+    let out = fails_with(args, expected);
     assert!(out.stdout.is_empty(), "{args:?} printed a report");
 }
 

@@ -4,13 +4,16 @@
 //! sha256 matches. A clean SIGTERM unmounts FUSE. Needs root, /dev/fuse and fuse3 (installed
 //! by scripts/test), e2fsprogs and util-linux.
 
+mod common;
+
+use common::{p, sigterm, tiercache_cmd, TempVolume};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 /// The file's sha256, from coreutils' sha256sum (no hashing crate needed for a test).
-fn sha256_file(p: &Path) -> String {
-    run("sha256sum", &[s(p)]).split_whitespace().next().unwrap().to_string()
+fn sha256_file(path: &Path) -> String {
+    run("sha256sum", &[p(path)]).split_whitespace().next().unwrap().to_string()
 }
 
 fn run(cmd: &str, args: &[&str]) -> String {
@@ -20,21 +23,21 @@ fn run(cmd: &str, args: &[&str]) -> String {
 }
 
 struct Stack {
-    dir: tempfile::TempDir,
+    vol: TempVolume,
     server: Option<Child>,
     loop_dev: Option<String>,
     mounted: bool,
 }
 
 impl Stack {
-    fn path(&self, p: &str) -> PathBuf {
-        self.dir.path().join(p)
+    fn path(&self, name: &str) -> PathBuf {
+        self.vol.path(name)
     }
 
     fn start_server(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-            .args(["serve", "--cache", s(&self.path("cache.img")), "--backing", s(&self.path("backing.img"))])
-            .args(["--fuse", s(&self.path("fuse"))])
+        let child = tiercache_cmd()
+            .args(["serve", "--cache", p(&self.vol.cache), "--backing", p(&self.vol.backing)])
+            .args(["--fuse", p(&self.path("fuse"))])
             // Logs go to a file, as under a service manager (checked at the clean stop).
             .stderr(std::fs::File::create(self.path("serve.log")).unwrap())
             .spawn()
@@ -48,18 +51,18 @@ impl Stack {
     }
 
     fn attach_and_mount(&mut self, mkfs: bool) {
-        let dev = run("losetup", &["--direct-io=on", "--show", "-f", s(&self.path("fuse/volume"))]);
+        let dev = run("losetup", &["--direct-io=on", "--show", "-f", p(&self.path("fuse/volume"))]);
         self.loop_dev = Some(dev.clone());
         if mkfs {
             run("mkfs.ext4", &["-q", "-E", "nodiscard", &dev]);
         }
-        run("mount", &[&dev, s(&self.path("ext"))]);
+        run("mount", &[&dev, p(&self.path("ext"))]);
         self.mounted = true;
     }
 
     fn unmount_and_detach(&mut self) {
         if self.mounted {
-            run("umount", &[s(&self.path("ext"))]);
+            run("umount", &[p(&self.path("ext"))]);
             self.mounted = false;
         }
         if let Some(dev) = self.loop_dev.take() {
@@ -71,7 +74,7 @@ impl Stack {
 impl Drop for Stack {
     fn drop(&mut self) {
         if self.mounted {
-            let _ = Command::new("umount").args(["-l", s(&self.path("ext"))]).status();
+            let _ = Command::new("umount").args(["-l", p(&self.path("ext"))]).status();
         }
         if let Some(dev) = self.loop_dev.take() {
             let _ = Command::new("losetup").args(["-d", &dev]).status();
@@ -80,36 +83,19 @@ impl Drop for Stack {
             let _ = c.kill();
             let _ = c.wait();
         }
-        let _ = Command::new("umount").args(["-l", s(&self.path("fuse"))]).status();
+        let _ = Command::new("umount").args(["-l", p(&self.path("fuse"))]).status();
     }
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
 }
 
 #[test]
 fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server() {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "this test mounts file systems: run it as root (CI does)");
-    let dir = tempfile::tempdir().unwrap();
+    let vol = TempVolume::created(256 << 20, "64M");
     for d in ["fuse", "ext"] {
-        std::fs::create_dir(dir.path().join(d)).unwrap();
+        std::fs::create_dir(vol.path(d)).unwrap();
     }
-    std::fs::File::create(dir.path().join("backing.img")).unwrap().set_len(256 << 20).unwrap();
-    let mut st = Stack { dir, server: None, loop_dev: None, mounted: false };
-    run(
-        env!("CARGO_BIN_EXE_tiercache"),
-        &[
-            "create",
-            "--cache",
-            s(&st.path("cache.img")),
-            "--cache-size",
-            "64M",
-            "--backing",
-            s(&st.path("backing.img")),
-        ],
-    );
+    let mut st = Stack { vol, server: None, loop_dev: None, mounted: false };
     st.start_server();
     st.attach_and_mount(true);
     // Files of many sizes, each fsynced (dd conv=fsync), plus a directory tree.
@@ -125,7 +111,7 @@ fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server() {
         "dd",
         &[
             "if=/dev/urandom",
-            &format!("of={}", s(&st.path("ext/big.bin"))),
+            &format!("of={}", p(&st.path("ext/big.bin"))),
             "bs=1M",
             "count=16",
             "conv=fsync",
@@ -139,7 +125,7 @@ fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server() {
     let mut c = st.server.take().unwrap();
     c.kill().unwrap();
     c.wait().unwrap();
-    let _ = Command::new("umount").args(["-l", s(&st.path("fuse"))]).status();
+    let _ = Command::new("umount").args(["-l", p(&st.path("fuse"))]).status();
     st.start_server();
     st.attach_and_mount(false);
     for (f, sum) in &sums {
@@ -151,7 +137,7 @@ fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server() {
         "dd",
         &[
             "if=/dev/zero",
-            &format!("of={}", s(&st.path("fuse/volume"))),
+            &format!("of={}", p(&st.path("fuse/volume"))),
             "bs=4k",
             "count=1",
             "seek=60000",
@@ -163,11 +149,10 @@ fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server() {
 
     // SIGTERM: clean stop, FUSE unmounted.
     let mut c = st.server.take().unwrap();
-    // SAFETY: kill(2) on a child we own.
-    unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
+    sigterm(&c);
     assert!(c.wait().unwrap().success());
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap();
-    assert!(!mounts.contains(s(&st.path("fuse"))), "FUSE still mounted after SIGTERM");
+    assert!(!mounts.contains(p(&st.path("fuse"))), "FUSE still mounted after SIGTERM");
     // Logs written to a file: no terminal escape codes, and a clean stop warns of nothing.
     let log = std::fs::read_to_string(st.path("serve.log")).unwrap();
     assert!(log.contains("stopped cleanly"), "{log}");

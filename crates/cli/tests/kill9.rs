@@ -4,28 +4,27 @@
 //! from the files, and checks every block against the writes the child had acknowledged.
 //! `tiercache check` must then find the cache consistent.
 
-use rand::{Rng, SeedableRng};
+mod common;
+
+use common::{debug_load_blocks, p, stamped_version, tiercache_cmd, TempVolume};
 use std::io::{BufRead, BufReader};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tiercache_device::{BlockDevice, FileDevice, MonotonicClock};
 use tiercache_engine::{Volume, VolumeOptions};
-use tiercache_sim::stamp::unstamp;
 
 const BS: usize = 4096;
 const BLOCKS: u64 = 512;
 
 fn kill_mid_write(seed: u64, run_for: Duration) {
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache.img");
-    let backing = dir.path().join("backing.img");
+    let vol = TempVolume::new(BLOCKS * BS as u64);
+    let (cache, backing) = (&vol.cache, &vol.backing);
     // A 16 MiB cache: the log wraps several times during the run.
-    std::fs::File::create(&cache).unwrap().set_len(16 << 20).unwrap();
-    std::fs::File::create(&backing).unwrap().set_len(BLOCKS * BS as u64).unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+    std::fs::File::create(cache).unwrap().set_len(16 << 20).unwrap();
+    let mut child = tiercache_cmd()
         .args(["debug-load", "--create", "--seed", &seed.to_string(), "--blocks", &BLOCKS.to_string()])
-        .args(["--flush-every", "8", "--cache", cache.to_str().unwrap(), "--backing", backing.to_str().unwrap()])
+        .args(["--flush-every", "8", "--cache", p(cache), "--backing", p(backing)])
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -49,29 +48,21 @@ fn kill_mid_write(seed: u64, run_for: Duration) {
     assert!(acknowledged > 0, "seed {seed}: the child acknowledged no flush in {:?}", started.elapsed());
 
     // What must survive: every write before the last acknowledged FLUSH.
-    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
     let mut floor = vec![0u64; BLOCKS as usize];
     let mut written: Vec<Vec<u64>> = vec![vec![0]; BLOCKS as usize];
-    for i in 0..acknowledged + 200_000 {
-        let b = rng.gen_range(0..BLOCKS);
+    for (i, b) in (0..acknowledged + 200_000).zip(debug_load_blocks(seed, BLOCKS)) {
         if i < acknowledged {
             floor[b as usize] = i + 1;
         }
         written[b as usize].push(i + 1);
     }
-    let c: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&cache).unwrap());
-    let b: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(&backing).unwrap());
+    let c: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(cache).unwrap());
+    let b: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(backing).unwrap());
     let (volume, report) = Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).unwrap();
     let mut buf = vec![0u8; BS];
     for block in 0..BLOCKS {
         volume.read(block * BS as u64, &mut buf).unwrap();
-        let version = if buf.iter().all(|&x| x == 0) {
-            0
-        } else {
-            let (b, v) = unstamp(&buf).unwrap_or_else(|| panic!("seed {seed}: block {block}: garbage"));
-            assert_eq!(b, block, "seed {seed}: block {block} holds another block's data");
-            v
-        };
+        let version = stamped_version(block, &buf, &format!("seed {seed}: block {block}"));
         assert!(
             version >= floor[block as usize],
             "seed {seed}: block {block} reads version {version}, but version {} was flushed ({acknowledged} writes acknowledged, {report:?})",
@@ -83,10 +74,8 @@ fn kill_mid_write(seed: u64, run_for: Duration) {
         );
     }
     drop(volume);
-    let check = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(["check", "--cache", cache.to_str().unwrap(), "--backing", backing.to_str().unwrap(), "--json"])
-        .output()
-        .unwrap();
+    let check =
+        tiercache_cmd().args(["check", "--cache", p(cache), "--backing", p(backing), "--json"]).output().unwrap();
     assert!(check.status.success(), "seed {seed}: check failed: {}", String::from_utf8_lossy(&check.stdout));
 }
 

@@ -7,133 +7,15 @@
 //! write load, interrupted and run again; and `serve --passthrough` (the raw device, no cache)
 //! over the same NBD server.
 
+mod common;
+
+use common::{ok_json, p, qemu_io, tiercache_cmd, tool, Server};
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const VOLUME: u64 = 64 << 20;
-
-fn tool(name: &str) -> Command {
-    assert!(
-        Command::new("which").arg(name).output().is_ok_and(|o| o.status.success()),
-        "{name} is missing: install qemu-utils and libnbd-bin (scripts/test does)"
-    );
-    Command::new(name)
-}
-
-struct Server {
-    dir: tempfile::TempDir,
-    child: Option<Child>,
-    endpoint: String,
-    control: bool,
-}
-
-impl Server {
-    fn start(endpoint: Option<String>) -> Server {
-        Server::start_sized(endpoint, "32M", VOLUME, false)
-    }
-
-    /// With `control`, the server's control socket is `control()` (commands need --control).
-    fn start_sized(endpoint: Option<String>, cache_size: &str, volume: u64, control: bool) -> Server {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::File::create(dir.path().join("backing.img")).unwrap().set_len(volume).unwrap();
-        let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-            .args(["create", "--cache", p(&dir.path().join("cache.img")), "--cache-size", cache_size])
-            .args(["--backing", p(&dir.path().join("backing.img"))])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-        let endpoint = endpoint.unwrap_or_else(|| format!("unix:{}", dir.path().join("nbd.sock").display()));
-        let mut s = Server { dir, child: None, endpoint, control };
-        s.spawn();
-        s
-    }
-
-    fn spawn(&mut self) {
-        let child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-            .args(["serve", "--cache", p(&self.dir.path().join("cache.img"))])
-            .args(["--backing", p(&self.dir.path().join("backing.img")), "--nbd", &self.endpoint])
-            .args(if self.control { vec!["--control".to_string(), p(&self.control()).to_string()] } else { vec![] })
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if tool("nbdinfo").arg("--size").arg(self.uri()).output().is_ok_and(|o| o.status.success()) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        panic!("the server did not come up on {}", self.endpoint);
-    }
-
-    fn uri(&self) -> String {
-        match self.endpoint.strip_prefix("unix:") {
-            Some(sock) => format!("nbd+unix:///tiercache?socket={sock}"),
-            None => {
-                let rest = self.endpoint.strip_prefix("tcp:").unwrap();
-                let addr = if rest.contains(':') { rest.to_string() } else { format!("127.0.0.1:{rest}") };
-                format!("nbd://{addr}/tiercache")
-            }
-        }
-    }
-
-    fn control(&self) -> PathBuf {
-        self.dir.path().join("control.sock")
-    }
-
-    fn cache(&self) -> PathBuf {
-        self.dir.path().join("cache.img")
-    }
-
-    fn socket(&self) -> PathBuf {
-        PathBuf::from(self.endpoint.strip_prefix("unix:").unwrap())
-    }
-
-    fn kill9(&mut self) {
-        let mut c = self.child.take().unwrap();
-        c.kill().unwrap();
-        c.wait().unwrap();
-    }
-
-    fn terminate(&mut self) -> std::process::ExitStatus {
-        let mut c = self.child.take().unwrap();
-        // SAFETY: kill(2) on the PID of a child we own; no memory is passed.
-        unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
-        c.wait().unwrap()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
-
-fn qemu_io(uri: &str, cmds: &[&str]) -> String {
-    let mut c = tool("qemu-io");
-    c.args(["-f", "raw", uri]);
-    for cmd in cmds {
-        c.args(["-c", cmd]);
-    }
-    let out = c.output().unwrap();
-    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(
-        out.status.success() && !text.contains("Pattern verification failed") && !text.contains("failed"),
-        "qemu-io {cmds:?}: {text}"
-    );
-    text
-}
 
 #[test]
 fn qemu_io_nbdinfo_nbdcopy_sigkill_restart_and_sigterm() {
@@ -169,26 +51,15 @@ fn qemu_io_nbdinfo_nbdcopy_sigkill_restart_and_sigterm() {
         ],
     );
     // The status command reaches the running server through its control socket.
-    let st = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(["status", "--json", "--cache", p(&s.dir.path().join("cache.img"))])
-        .output()
-        .unwrap();
+    let st = tiercache_cmd().args(["status", "--json", "--cache", p(&s.cache())]).output().unwrap();
     assert!(st.status.success(), "{}", String::from_utf8_lossy(&st.stderr));
     let st: serde_json::Value = serde_json::from_slice(&st.stdout).unwrap();
     assert!(st["dirty_blocks"].as_u64().unwrap() > 0, "{st}");
     // `check` does not run under a live volume, and says who holds it.
-    let check = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args([
-            "check",
-            "--cache",
-            p(&s.dir.path().join("cache.img")),
-            "--backing",
-            p(&s.dir.path().join("backing.img")),
-        ])
-        .output()
-        .unwrap();
+    let check =
+        tiercache_cmd().args(["check", "--cache", p(&s.cache()), "--backing", p(&s.vol.backing)]).output().unwrap();
     let err = String::from_utf8_lossy(&check.stderr);
-    let pid = s.child.as_ref().unwrap().id();
+    let pid = s.pid();
     assert!(!check.status.success() && err.contains(&format!("is served by tiercache (pid {pid})")), "{err}");
 
     s.kill9();
@@ -207,8 +78,8 @@ fn qemu_io_nbdinfo_nbdcopy_sigkill_restart_and_sigterm() {
     );
 
     // A volume-sized random file in and out.
-    let input = s.dir.path().join("in.img");
-    let output = s.dir.path().join("out.img");
+    let input = s.vol.path("in.img");
+    let output = s.vol.path("out.img");
     let data: Vec<u8> = (0..VOLUME).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
     std::fs::write(&input, &data).unwrap();
     assert!(tool("nbdcopy").args([p(&input), &s.uri()]).status().unwrap().success());
@@ -310,12 +181,6 @@ fn hostile_clients_get_errors_or_a_disconnect_and_the_server_keeps_serving() {
     qemu_io(&s.uri(), &["write -P 0x42 0 4k", "read -P 0x42 0 4k"]);
 }
 
-fn tiercache_json(args: &[&str]) -> serde_json::Value {
-    let out = Command::new(env!("CARGO_BIN_EXE_tiercache")).args(args).output().unwrap();
-    assert!(out.status.success(), "tiercache {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
 /// `tiercache flush` while the volume is served: the server writes back every block dirty
 /// when the flush began while a client keeps writing; a flush whose client goes away stops
 /// after its batch, keeps what it wrote back, and the next flush continues from there.
@@ -324,14 +189,14 @@ fn flush_of_a_served_volume_under_load_interrupted_and_resumed() {
     const MIB: u64 = 1 << 20;
     let s = Server::start_sized(None, "192M", 256 * MIB, true);
     let (cache, control) = (s.cache(), s.control());
-    let status = || tiercache_json(&["status", "--cache", p(&cache), "--control", p(&control), "--json"]);
+    let status = || ok_json(&["status", "--cache", p(&cache), "--control", p(&control), "--json"]);
     // 80 MiB dirty: five write-back batches of 4096 blocks, below the 70 % high watermark.
     qemu_io(&s.uri(), &["write -P 0x11 0 80M", "flush"]);
     const DIRTY: u64 = 20480;
     let st = status();
     assert_eq!(st["dirty_blocks"], DIRTY);
     // The server's own part: who serves, where, for how many clients, at what rates.
-    assert_eq!(st["server"]["pid"], s.child.as_ref().unwrap().id(), "{st}");
+    assert_eq!(st["server"]["pid"], s.pid(), "{st}");
     assert_eq!(st["server"]["endpoints"][0], s.endpoint.as_str(), "{st}");
     assert_eq!(st["server"]["nbd_clients"], 0, "{st}");
     // (Rates need counters sampled at least half a second apart.)
@@ -384,7 +249,7 @@ fn flush_of_a_served_volume_under_load_interrupted_and_resumed() {
         qemu_io(&uri, &cmds);
     });
     std::thread::sleep(Duration::from_millis(100));
-    let r = tiercache_json(&["flush", "--cache", p(&cache), "--control", p(&control), "--json"]);
+    let r = ok_json(&["flush", "--cache", p(&cache), "--control", p(&control), "--json"]);
     assert_eq!(r["online"], true);
     // What the first one left, and the load's blocks dirty when it began (at most its 2048):
     // not everything again.
@@ -396,7 +261,7 @@ fn flush_of_a_served_volume_under_load_interrupted_and_resumed() {
     qemu_io(&s.uri(), &["read -P 0x11 0 80M", "read -P 0x22 96M 8M"]);
 
     // With the load stopped, a flush leaves nothing dirty.
-    let r = tiercache_json(&["flush", "--cache", p(&cache), "--control", p(&control), "--json"]);
+    let r = ok_json(&["flush", "--cache", p(&cache), "--control", p(&control), "--json"]);
     assert_eq!(r["dirty_blocks"], 0, "{r}");
     assert_eq!(status()["dirty_blocks"], 0);
 }
@@ -410,13 +275,13 @@ fn a_passthrough_device_over_nbd() {
     let raw = dir.path().join("raw.img");
     let mut model = vec![0x5au8; 16 << 20];
     std::fs::write(&raw, &model).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tiercache")).args(["serve", "--passthrough", p(&raw)]).output().unwrap();
+    let out = tiercache_cmd().args(["serve", "--passthrough", p(&raw)]).output().unwrap();
     assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains("--nbd"), "{out:?}");
 
     let sock = dir.path().join("nbd.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+    let mut child = tiercache_cmd()
         .args(["serve", "--passthrough", p(&raw), "--nbd", &format!("unix:{}", sock.display())])
-        .stderr(Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
     let uri = format!("nbd+unix:///tiercache?socket={}", sock.display());

@@ -1,16 +1,16 @@
 //! `tiercache serve` as a systemd `Type=notify` service, without systemd: the test listens on
 //! the `$NOTIFY_SOCKET` datagram socket the way the service manager does and checks the
 //! protocol: STATUS while recovering, READY=1 only once every endpoint accepts connections,
-//! STOPPING=1 on SIGTERM, and a clean exit. And the shipped units pass `systemd-analyze verify`.
+//! STOPPING=1 on SIGTERM, and a clean exit. And the shipped units pass `systemd-analyze verify`,
+//! the metrics parse as Prometheus text, and the control socket answers any request with JSON.
 
+mod common;
+
+use common::{ok_json, p, qemu_io, sigterm, spawn_until_line, tiercache_cmd, Server, TempVolume};
 use std::os::unix::net::{UnixDatagram, UnixStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 /// The next notification (a datagram of `KEY=VALUE` lines), within 30 s.
 fn next(sock: &UnixDatagram) -> String {
@@ -20,41 +20,33 @@ fn next(sock: &UnixDatagram) -> String {
 }
 
 /// A temporary directory with a 64 MiB backing file and a 16 MiB cache created for it.
-fn created_volume() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let (cache, backing) = (dir.path().join("cache.img"), dir.path().join("backing.img"));
-    std::fs::File::create(&backing).unwrap().set_len(64 << 20).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(["create", "--cache", p(&cache), "--cache-size", "16M", "--backing", p(&backing)])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    (dir, cache, backing)
+fn created_volume() -> TempVolume {
+    TempVolume::created(64 << 20, "16M")
 }
 
 #[test]
 fn serve_tells_the_service_manager_when_it_is_ready_and_when_it_stops() {
-    let (dir, cache, backing) = created_volume();
+    let v = created_volume();
 
-    let notify_path = dir.path().join("notify.sock");
+    let notify_path = v.path("notify.sock");
     let notify = UnixDatagram::bind(&notify_path).unwrap();
     notify.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let nbd = dir.path().join("nbd.sock");
+    let nbd = v.path("nbd.sock");
     // Started the way the shipped unit starts it: from a config file.
-    let config = dir.path().join("volume.toml");
-    let control = dir.path().join("control.sock");
+    let config = v.path("volume.toml");
+    let control = v.path("control.sock");
     std::fs::write(
         &config,
         format!(
             "# a volume\ncache = \"{}\"\nbacking = \"{}\"\nnbd = [\"unix:{}\"]\ncontrol = \"{}\"\ndirty_high = 50\n",
-            cache.display(),
-            backing.display(),
+            v.cache.display(),
+            v.backing.display(),
             nbd.display(),
             control.display()
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+    let mut child = tiercache_cmd()
         .args(["serve", "--config", p(&config), "--dirty-low", "20"])
         .env("NOTIFY_SOCKET", &notify_path)
         .stderr(Stdio::null())
@@ -69,16 +61,10 @@ fn serve_tells_the_service_manager_when_it_is_ready_and_when_it_stops() {
     // Ready means ready: the endpoint accepts a client at once.
     UnixStream::connect(&nbd).expect("the NBD socket accepts a client as soon as READY=1 is sent");
     // The watermarks: the file's high one, the flag's low one.
-    let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(["status", "--cache", p(&cache), "--control", p(&control), "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let st: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let st = ok_json(&["status", "--cache", p(&v.cache), "--control", p(&control), "--json"]);
     assert_eq!((st["dirty_low_permille"].as_u64(), st["dirty_high_permille"].as_u64()), (Some(200), Some(500)), "{st}");
 
-    // SAFETY: kill(2) on the PID of a child we own; no memory is passed.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    sigterm(&child);
     let stopping = next(&notify);
     assert!(stopping.lines().any(|l| l == "STOPPING=1"), "after SIGTERM: {stopping:?}");
     let status = child.wait().unwrap();
@@ -95,8 +81,7 @@ fn a_bad_config_file_is_refused_with_its_line() {
         ("nbd = [\"unix:/x\"]\n", "give the cache and backing devices"),
     ] {
         std::fs::write(&config, text).unwrap();
-        let out =
-            Command::new(env!("CARGO_BIN_EXE_tiercache")).args(["serve", "--config", p(&config)]).output().unwrap();
+        let out = tiercache_cmd().args(["serve", "--config", p(&config)]).output().unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success() && err.contains(expected), "config {text:?}: {err}");
     }
@@ -176,33 +161,20 @@ fn sample(parsed: &str, name: &str) -> f64 {
 
 #[test]
 fn metrics_parse_as_prometheus_and_move_under_load() {
-    use std::io::{BufRead, BufReader};
-    let (dir, cache, backing) = created_volume();
-    let nbd = dir.path().join("nbd.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(["serve", "--cache", p(&cache), "--backing", p(&backing), "--metrics", "127.0.0.1:0"])
-        .args(["--nbd", &format!("unix:{}", nbd.display()), "--control", p(&dir.path().join("control.sock"))])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let v = created_volume();
+    let nbd = v.path("nbd.sock");
     // The serving line names the metrics address it got.
-    let mut stderr = BufReader::new(child.stderr.take().unwrap());
-    let addr = loop {
-        let mut line = String::new();
-        assert!(stderr.read_line(&mut line).unwrap() > 0, "serve ended before serving");
-        if let Some(rest) = line.split("metrics http://").nth(1) {
-            break rest.split('/').next().unwrap().to_string();
-        }
-    };
-    std::thread::spawn(move || for _ in stderr.lines() {}); // keep the pipe drained
+    let (server, line) = spawn_until_line(
+        tiercache_cmd()
+            .args(["serve", "--cache", p(&v.cache), "--backing", p(&v.backing), "--metrics", "127.0.0.1:0"])
+            .args(["--nbd", &format!("unix:{}", nbd.display()), "--control", p(&v.path("control.sock"))]),
+        |line| line.contains("metrics http://"),
+    );
+    let addr = line.split("metrics http://").nth(1).unwrap().split('/').next().unwrap().to_string();
 
     let before = parse_with_prometheus_client(&http_get(&addr, "/metrics"));
     let uri = format!("nbd+unix:///tiercache?socket={}", nbd.display());
-    let out = Command::new("qemu-io")
-        .args(["-f", "raw", &uri, "-c", "write -P 0x5a 0 1M", "-c", "flush", "-c", "read -P 0x5a 0 1M"])
-        .output()
-        .expect("qemu-io (qemu-utils)");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    qemu_io(&uri, &["write -P 0x5a 0 1M", "flush", "read -P 0x5a 0 1M"]);
     let after_text = http_get(&addr, "/metrics");
     let after = parse_with_prometheus_client(&after_text);
     assert!(after_text.contains("# TYPE tiercache_request_errors counter"), "{after_text}");
@@ -213,9 +185,7 @@ fn metrics_parse_as_prometheus_and_move_under_load() {
     assert_eq!(sample(&after, "tiercache_lost_blocks"), 0.0);
     assert!(after.contains("tiercache_request_latency_seconds_count {'op': 'write'}"), "{after}");
 
-    // SAFETY: kill(2) on the PID of a child we own; no memory is passed.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
+    assert!(server.terminate().success());
 }
 
 /// The example Grafana dashboard is valid JSON and every metric its queries name is one
@@ -244,4 +214,51 @@ fn the_grafana_dashboard_queries_exported_metrics() {
         }
     }
     assert!(seen >= 10, "the dashboard queries {seen} metrics");
+}
+
+/// Whatever a request on the control socket holds (quotes, backslashes, JSON of its own,
+/// control characters, invalid UTF-8, nothing, more than the 4 KiB a request may have), the
+/// reply is one line of valid JSON naming what was wrong, and the server goes on answering.
+#[test]
+fn the_control_socket_answers_odd_requests_with_one_valid_json_line() {
+    use std::io::{BufRead, BufReader, Read, Write};
+    let s = Server::start_sized(None, "16M", 64 << 20, true);
+    let long = vec![b'x'; 5000];
+    let requests: [&[u8]; 8] = [
+        b"he said \"status\"\n",
+        b"\"}{\"ok\":true,\"written_back\":1}\n",
+        b"back\\slash\\\n",
+        b"\x1b[2J\x00\x07\ttab\n",
+        b"\xff\xfe status \xc3\n",
+        b"\n",
+        b"flush please\n",
+        &long,
+    ];
+    for request in requests {
+        let shown = String::from_utf8_lossy(&request[..request.len().min(40)]).into_owned();
+        let mut c = UnixStream::connect(s.control()).unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        c.write_all(request).unwrap();
+        let mut reader = BufReader::new(&c);
+        let mut reply = String::new();
+        reader.read_line(&mut reply).unwrap();
+        // One line, and nothing after it. (Past the 4 KiB it reads, the rest of a request is
+        // left unread, and Linux resets the connection at the server's close: after the
+        // reply, which the client has read.)
+        let mut rest = Vec::new();
+        let _ = reader.read_to_end(&mut rest);
+        assert!(reply.ends_with('\n') && rest.is_empty(), "{shown:?}: not one line: {reply:?} {rest:?}");
+        let v: serde_json::Value = serde_json::from_str(&reply)
+            .unwrap_or_else(|e| panic!("{shown:?}: the reply is not JSON ({e}): {reply:?}"));
+        let error = v["error"].as_str().unwrap_or_else(|| panic!("{shown:?}: no error in {v}"));
+        assert!(error.starts_with("bad request: unknown variant"), "{shown:?}: {error}");
+        // (The server reads 4 KiB of a request at the most.)
+        let read = String::from_utf8_lossy(&request[..request.len().min(4096)]).into_owned();
+        assert!(error.contains(read.trim()), "{shown:?}: the error does not quote it: {error}");
+        assert!(v.get("ok").is_none() && v.get("done").is_none(), "{shown:?}: {v}");
+    }
+    // Still serving, and answering the requests there are.
+    let st = ok_json(&["status", "--cache", p(&s.cache()), "--control", p(&s.control()), "--json"]);
+    assert_eq!(st["server"]["pid"], s.pid(), "{st}");
+    assert_eq!(st["state"], "ok", "{st}");
 }

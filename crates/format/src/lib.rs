@@ -36,3 +36,13 @@ pub fn checksum(bytes: &[u8]) -> u32 {
 pub fn uuid_low64(uuid: &[u8; 16]) -> u64 {
     u64::from_le_bytes(uuid[..8].try_into().expect("8 bytes"))
 }
+
+/// A volume UUID as 32 lowercase hex digits, as `status` shows it and the default control
+/// socket is named after it.
+///
+/// ```
+/// assert_eq!(tiercache_format::uuid_hex(&[0xab; 16]), "ab".repeat(16));
+/// ```
+pub fn uuid_hex(uuid: &[u8; 16]) -> String {
+    uuid.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -114,11 +114,11 @@ pub fn run(args: RecoveryArgs) -> Result<()> {
     } else {
         let mut t = Table::new(&["", ""]);
         for (k, v) in [
-            ("cached when killed", crate::volume_cmds::human_bytes(result.cached_bytes)),
+            ("cached when killed", indicatif::HumanBytes(result.cached_bytes).to_string()),
             ("recovered blocks", format!("{} ({} dirty)", result.recovered_blocks, result.recovered_dirty_blocks)),
             ("log records replayed", result.replayed_records.to_string()),
             ("recovery time", format!("{:.3} s", result.recovery_seconds)),
-            ("checkpoint read", crate::volume_cmds::human_bytes(result.checkpoint_bytes)),
+            ("checkpoint read", indicatif::HumanBytes(result.checkpoint_bytes).to_string()),
         ] {
             t.row(vec![k.to_string(), v]);
         }

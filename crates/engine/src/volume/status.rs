@@ -47,7 +47,7 @@ impl Volume {
             next_sequence: st.next_seq,
             counters: c,
             backing_path: sb.backing_path,
-            uuid: sb.uuid.iter().map(|b| format!("{b:02x}")).collect(),
+            uuid: tiercache_format::uuid_hex(&sb.uuid),
         }
     }
 
