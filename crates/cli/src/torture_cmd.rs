@@ -91,7 +91,7 @@ struct Summary {
     destaged_blocks: u64,
     checkpoints: u64,
     log_wraps: u64,
-    violations: Vec<tiercache_sim::serial::Violation>,
+    violations: Vec<tiercache_sim::Violation>,
 }
 
 impl Summary {

@@ -19,7 +19,7 @@
 //! crate's root module): a failure is replayed exactly from its seed and cycle.
 
 use crate::stamp::{stamp, unstamp};
-use crate::ViolationKind;
+use crate::{Violation, ViolationKind};
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -43,17 +43,6 @@ impl Default for TortureConfig {
     fn default() -> Self {
         TortureConfig { seed: 1, cycles: 100, max_ops_per_cycle: 200, sabotage: Sabotage::None }
     }
-}
-
-/// One contract violation, with what is needed to replay it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Violation {
-    pub seed: u64,
-    pub cycle: u64,
-    /// One of lost_write, stale_read, corrupt_read, unexpected_error, recovery_failed.
-    pub kind: ViolationKind,
-    pub block: Option<u64>,
-    pub detail: String,
 }
 
 #[derive(Debug, Clone, Default, Serialize)]
