@@ -319,6 +319,8 @@ pub(crate) struct Recovered {
 }
 
 impl Volume {
+    /// The volume over what recovery found (`open` calls it, then starts a new epoch and
+    /// writes a checkpoint). Long only because it names every field of `Volume` and `State`.
     pub(crate) fn assemble(
         cache: Arc<dyn BlockDevice>,
         backing: Arc<dyn BlockDevice>,
