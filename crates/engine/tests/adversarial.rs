@@ -1,140 +1,16 @@
 //! Adversarial review of the issue-7 fixes (lost blocks, mark-clean by position, record
 //! epochs, backing fingerprints). Each test is one suspicion, made deterministic with the
-//! simulator and a hook device that can hold a flush at a gate or snapshot the durable image
+//! simulator and a gate device (tests/common) that can hold a flush at a gate or snapshot the durable image
 //! at an exact point (a power cut there). Tests marked `// Failed before its fix:` show a bug; the others pin
 //! behaviour that an attack did not break.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use tiercache_device::{BlockDevice, FailMode, OpKind, SimDevice};
 use tiercache_engine::{create, CreateOptions, EngineError, Volume};
 use tiercache_format::{uuid_low64, CheckpointHeader, Layout};
 
 mod common;
 use common::*;
-
-#[derive(Default)]
-struct HookState {
-    /// Hold the flush when this reaches 0 (decremented per flush while above).
-    hold_flush_in: Option<u32>,
-    held: bool,
-    open: bool,
-    /// Snapshot the inner device's durable image at the first write after this many more
-    /// flushes (a power cut just before that write).
-    snap_after_flushes: Option<u32>,
-    snapshot: Option<Vec<u8>>,
-}
-
-/// A SimDevice wrapper: can hold one flush at a gate, snapshot the durable image at an exact
-/// point, and report a kernel identity.
-struct Hook {
-    inner: Arc<SimDevice>,
-    identity: Option<String>,
-    st: Mutex<HookState>,
-    cv: Condvar,
-}
-
-impl Hook {
-    fn new(inner: Arc<SimDevice>) -> Arc<Hook> {
-        Arc::new(Hook { inner, identity: None, st: Mutex::new(HookState::default()), cv: Condvar::new() })
-    }
-    fn with_identity(inner: Arc<SimDevice>, id: &str) -> Arc<Hook> {
-        Arc::new(Hook {
-            inner,
-            identity: Some(id.to_string()),
-            st: Mutex::new(HookState::default()),
-            cv: Condvar::new(),
-        })
-    }
-    /// Holds the `n`-th flush from now (0 = the next one).
-    fn hold_flush(&self, n: u32) {
-        let mut g = self.st.lock().unwrap();
-        *g = HookState { hold_flush_in: Some(n), ..HookState::default() };
-    }
-    fn wait_until_held(&self) {
-        let mut g = self.st.lock().unwrap();
-        while !g.held {
-            g = self.cv.wait(g).unwrap();
-        }
-    }
-    fn open_gate(&self) {
-        let mut g = self.st.lock().unwrap();
-        g.open = true;
-        self.cv.notify_all();
-    }
-    fn snapshot_at_first_write_after_flushes(&self, n: u32) {
-        let mut g = self.st.lock().unwrap();
-        g.snap_after_flushes = Some(n);
-        g.snapshot = None;
-    }
-    fn take_snapshot(&self) -> Option<Vec<u8>> {
-        self.st.lock().unwrap().snapshot.take()
-    }
-}
-
-impl BlockDevice for Hook {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        {
-            let mut g = self.st.lock().unwrap();
-            if g.snap_after_flushes == Some(0) {
-                g.snapshot = Some(self.inner.durable_image());
-                g.snap_after_flushes = None;
-            }
-        }
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        {
-            let mut g = self.st.lock().unwrap();
-            match g.hold_flush_in {
-                Some(0) => {
-                    g.hold_flush_in = None;
-                    g.held = true;
-                    self.cv.notify_all();
-                    while !g.open {
-                        g = self.cv.wait(g).unwrap();
-                    }
-                }
-                Some(n) => g.hold_flush_in = Some(n - 1),
-                None => {}
-            }
-        }
-        let r = self.inner.flush();
-        let mut g = self.st.lock().unwrap();
-        if let Some(n) = g.snap_after_flushes {
-            if n > 0 {
-                g.snap_after_flushes = Some(n - 1);
-            }
-        }
-        r
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        format!("hook:{}", self.inner.describe())
-    }
-    fn identity(&self) -> Option<String> {
-        self.identity.clone()
-    }
-}
-
-/// Runs `f` on the volume in a thread of its own (a client or the destager).
-fn on_thread<T: Send + 'static>(
-    volume: &Arc<Volume>,
-    f: impl FnOnce(&Volume) -> T + Send + 'static,
-) -> std::thread::JoinHandle<T> {
-    let volume = Arc::clone(volume);
-    std::thread::spawn(move || f(&volume))
-}
 
 // ------------------------------------------------------------------------------------------
 // Suspicion 1: `stage_lost_entries` sets `logged = true` when it puts a Lost entry into the
@@ -151,7 +27,7 @@ fn on_thread<T: Send + 'static>(
 #[test]
 fn a_staged_lost_entry_is_durable_before_reclaim_moves_the_head_past_the_block() {
     let (cache, backing) = devices(8, 64);
-    let hook = Hook::new(Arc::clone(&cache));
+    let hook = Gate::new(Arc::clone(&cache));
     let volume = open(hook.clone(), backing.clone());
     const B: u64 = 3;
     write(&volume, B, 1);
@@ -189,8 +65,7 @@ fn a_staged_lost_entry_is_durable_before_reclaim_moves_the_head_past_the_block()
     assert!(is_lost(&read_version(&volume, B), B));
     drop(volume);
 
-    let crashed = Arc::new(SimDevice::from_image(image, BS as u32));
-    let volume = open(crashed, durable_copy(&backing));
+    let volume = recover_image(image, &backing);
     let r = read_version(&volume, B);
     assert!(is_lost(&r, B), "lost block B came back after a crash as {r:?} (the stale backing copy is version 0)");
 }
@@ -266,7 +141,7 @@ fn losses_declared_during_reclaims_checkpoint_do_not_panic_the_writer() {
     const N: u64 = 211; // lost before the reclaim: 42 go into staging, 169 stay unlogged
     const M: u64 = 169; // lost while reclaim's checkpoint flush is held
     let (cache, backing) = devices(L_SEGMENTS, 2048);
-    let hook = Hook::new(Arc::clone(&cache));
+    let hook = Gate::new(Arc::clone(&cache));
     let volume = Arc::new(open(hook.clone(), backing.clone()));
     let log_blocks = volume.superblock().layout.log_blocks;
     let filler = |volume: &Volume, version: u64| {
@@ -333,7 +208,7 @@ fn a_backing_device_with_a_long_kernel_identity_can_be_reopened() {
     let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
     let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32));
     let image: Vec<u8> = (0..64).flat_map(|b| stamp(b, 0)).collect();
-    let backing = Hook::with_identity(Arc::new(SimDevice::from_image(image, BS as u32)), id);
+    let backing = Gate::with_identity(Arc::new(SimDevice::from_image(image, BS as u32)), id);
     create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).unwrap();
     let r = try_open(cache.clone(), backing.clone());
     assert!(r.is_ok(), "the same backing device was refused: {:?}", r.err().map(|e| e.to_string()));
@@ -346,8 +221,8 @@ fn a_backing_device_with_another_identity_is_refused() {
     let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
     let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32));
     let inner = Arc::new(SimDevice::from_image((0..64).flat_map(|b| stamp(b, 0)).collect(), BS as u32));
-    let a = Hook::with_identity(Arc::clone(&inner), "wwn-0x5000c500a1b2c3d4");
-    let b = Hook::with_identity(Arc::clone(&inner), "wwn-0x5000c500ffffffff");
+    let a = Gate::with_identity(Arc::clone(&inner), "wwn-0x5000c500a1b2c3d4");
+    let b = Gate::with_identity(Arc::clone(&inner), "wwn-0x5000c500ffffffff");
     create(&*cache, &*a, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).unwrap();
     assert!(matches!(try_open(cache.clone(), b), Err(EngineError::WrongBacking { .. })));
     try_open(cache.clone(), a).unwrap();
@@ -366,7 +241,7 @@ fn a_backing_device_with_another_identity_is_refused() {
 #[test]
 fn a_lost_fingerprint_block_with_a_torn_write_back_does_not_lock_the_volume_out() {
     let (cache, backing) = devices(8, 64);
-    let gated = Hook::new(Arc::clone(&backing));
+    let gated = Gate::new(Arc::clone(&backing));
     let volume = Arc::new(open(cache.clone(), gated.clone()));
     write(&volume, 0, 1);
     volume.flush().unwrap();
@@ -404,7 +279,7 @@ fn fingerprint_write_back_survives_a_crash_at_every_flush() {
     for fp_block in [0u64, 1, 16, 63] {
         for hold in 0..2u32 {
             let (cache, backing) = devices(8, 64);
-            let gated = Hook::new(Arc::clone(&backing));
+            let gated = Gate::new(Arc::clone(&backing));
             let volume = Arc::new(open(cache.clone(), gated.clone()));
             write(&volume, fp_block, 1);
             volume.flush().unwrap();
@@ -448,7 +323,7 @@ fn fingerprint_write_back_survives_a_crash_at_every_flush() {
 #[test]
 fn a_block_written_back_while_its_cache_copy_rots_is_not_reported_lost() {
     let (cache, backing) = devices(8, 64);
-    let gated = Hook::new(Arc::clone(&backing));
+    let gated = Gate::new(Arc::clone(&backing));
     let volume = Arc::new(open(cache.clone(), gated.clone()));
     const B: u64 = 9;
     write(&volume, B, 1);
@@ -480,7 +355,7 @@ fn a_block_written_back_while_its_cache_copy_rots_is_not_reported_lost() {
 /// backing write).
 fn write_back_held_at(
     volume: &Arc<Volume>,
-    gate: &Hook,
+    gate: &Gate,
     b: u64,
 ) -> std::thread::JoinHandle<Result<usize, EngineError>> {
     write(volume, b, 1);
@@ -527,7 +402,7 @@ fn assert_version_0_lost(reads: &[&Result<Option<u64>, EngineError>], b: u64) {
 #[test]
 fn a_repair_from_the_backing_device_waits_for_an_older_write_back_in_flight() {
     let (cache, backing) = devices(8, 64);
-    let gated = Hook::new(Arc::clone(&cache));
+    let gated = Gate::new(Arc::clone(&cache));
     let volume = Arc::new(open(gated.clone(), backing.clone()));
     const B: u64 = 9;
     // The batch takes version 1 and stops at the cache flush before its backing write.
@@ -549,7 +424,7 @@ fn a_repair_from_the_backing_device_waits_for_an_older_write_back_in_flight() {
 #[test]
 fn a_copy_written_back_while_its_reader_waited_is_not_declared_lost() {
     let (cache, backing) = devices(8, 64);
-    let gated = Hook::new(Arc::clone(&backing));
+    let gated = Gate::new(Arc::clone(&backing));
     let volume = Arc::new(open(cache.clone(), gated.clone()));
     const B: u64 = 9;
     let destager = write_back_held_at(&volume, &gated, B);
@@ -572,8 +447,8 @@ fn a_copy_written_back_while_its_reader_waited_is_not_declared_lost() {
 #[test]
 fn a_write_back_that_finishes_during_the_backing_check_is_not_missed() {
     let (cache, backing) = devices(8, 64);
-    let gated_cache = Hook::new(Arc::clone(&cache));
-    let gated_backing = Hook::new(Arc::clone(&backing));
+    let gated_cache = Gate::new(Arc::clone(&cache));
+    let gated_backing = Gate::new(Arc::clone(&backing));
     let volume = Arc::new(open(gated_cache.clone(), gated_backing.clone()));
     const B: u64 = 9;
     // The batch stops before its backing write, holding version 1.
@@ -598,7 +473,7 @@ fn a_write_back_that_finishes_during_the_backing_check_is_not_missed() {
 #[test]
 fn reclaim_does_not_forget_a_rotted_copy_while_an_older_write_back_is_in_flight() {
     let (cache, backing) = devices(8, 64);
-    let gated = Hook::new(Arc::clone(&cache));
+    let gated = Gate::new(Arc::clone(&cache));
     let volume = Arc::new(open(gated.clone(), backing.clone()));
     const B: u64 = 9;
     const C: u64 = 20;
@@ -617,8 +492,8 @@ fn reclaim_does_not_forget_a_rotted_copy_while_an_older_write_back_is_in_flight(
 #[test]
 fn reclaim_does_not_miss_a_write_back_that_finishes_during_its_backing_check() {
     let (cache, backing) = devices(8, 64);
-    let gated_cache = Hook::new(Arc::clone(&cache));
-    let gated_backing = Hook::new(Arc::clone(&backing));
+    let gated_cache = Gate::new(Arc::clone(&cache));
+    let gated_backing = Gate::new(Arc::clone(&backing));
     let volume = Arc::new(open(gated_cache.clone(), gated_backing.clone()));
     const B: u64 = 9;
     const C: u64 = 20;
@@ -1015,7 +890,7 @@ fn stress_concurrent_io_with_rotting_media() {
 #[test]
 fn a_write_back_racing_reclaims_copy_forward_marks_nothing_it_did_not_write() {
     let (cache, backing) = devices(8, 64);
-    let gated = Hook::new(Arc::clone(&backing));
+    let gated = Gate::new(Arc::clone(&backing));
     let volume = Arc::new(open(cache.clone(), gated.clone()));
     const B: u64 = 5;
     write(&volume, B, 1);

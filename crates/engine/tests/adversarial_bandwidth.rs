@@ -6,7 +6,7 @@
 
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::SeqCst};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{Background, CreateOptions, EngineError, Volume};
@@ -15,139 +15,6 @@ mod common;
 use common::*;
 
 // ------------------------------------------------------------------------------ devices
-
-/// What the gate holds (once) until opened.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Hold {
-    /// The next read of at least this many blocks, before it reaches the medium.
-    ReadBefore(usize),
-    /// The next flush, before it reaches the medium.
-    Flush,
-}
-
-#[derive(Default)]
-struct GateState {
-    hold: Option<Hold>,
-    held: bool,
-    open: bool,
-    /// Snapshot the durable image at the first write after this many more flushes.
-    snap_after_flushes: Option<u32>,
-    snapshot: Option<Vec<u8>>,
-    /// Names of the threads that issued writes (when recording).
-    record_writers: bool,
-    writers: Vec<String>,
-}
-
-/// A SimDevice wrapper that can hold one read or flush at a gate, snapshot the durable image
-/// at an exact point (a power cut there), and record which threads write.
-struct Gate {
-    inner: Arc<SimDevice>,
-    st: Mutex<GateState>,
-    cv: Condvar,
-}
-
-impl Gate {
-    fn new(inner: Arc<SimDevice>) -> Arc<Gate> {
-        Arc::new(Gate { inner, st: Mutex::new(GateState::default()), cv: Condvar::new() })
-    }
-    fn arm(&self, hold: Hold) {
-        let mut g = self.st.lock().unwrap();
-        g.hold = Some(hold);
-        g.held = false;
-        g.open = false;
-    }
-    fn wait_until_held(&self) {
-        let mut g = self.st.lock().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while !g.held {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            assert!(!left.is_zero(), "the gate was never reached");
-            g = self.cv.wait_timeout(g, left).unwrap().0;
-        }
-    }
-    fn open_gate(&self) {
-        let mut g = self.st.lock().unwrap();
-        g.open = true;
-        self.cv.notify_all();
-    }
-    fn snapshot_at_first_write_after_flushes(&self, n: u32) {
-        let mut g = self.st.lock().unwrap();
-        g.snap_after_flushes = Some(n);
-        g.snapshot = None;
-    }
-    fn take_snapshot(&self) -> Option<Vec<u8>> {
-        self.st.lock().unwrap().snapshot.take()
-    }
-    fn record_writers(&self, on: bool) {
-        let mut g = self.st.lock().unwrap();
-        g.record_writers = on;
-        g.writers.clear();
-    }
-    fn writers(&self) -> Vec<String> {
-        self.st.lock().unwrap().writers.clone()
-    }
-    fn maybe_hold(&self, op: Hold) {
-        let mut g = self.st.lock().unwrap();
-        let matches = match (g.hold, op) {
-            (Some(Hold::ReadBefore(min)), Hold::ReadBefore(n)) => n >= min,
-            (Some(Hold::Flush), Hold::Flush) => true,
-            _ => false,
-        };
-        if !matches {
-            return;
-        }
-        g.hold = None;
-        g.held = true;
-        self.cv.notify_all();
-        while !g.open {
-            g = self.cv.wait(g).unwrap();
-        }
-    }
-}
-
-impl BlockDevice for Gate {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.maybe_hold(Hold::ReadBefore(buf.len() / BS));
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        {
-            let mut g = self.st.lock().unwrap();
-            if g.snap_after_flushes == Some(0) {
-                g.snapshot = Some(self.inner.durable_image());
-                g.snap_after_flushes = None;
-            }
-            if g.record_writers {
-                let name = std::thread::current().name().unwrap_or("?").to_string();
-                g.writers.push(name);
-            }
-        }
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.maybe_hold(Hold::Flush);
-        let r = self.inner.flush();
-        let mut g = self.st.lock().unwrap();
-        if let Some(n) = g.snap_after_flushes {
-            if n > 0 {
-                g.snap_after_flushes = Some(n - 1);
-            }
-        }
-        r
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        format!("gate:{}", self.inner.describe())
-    }
-}
 
 /// A SimDevice wrapper that sleeps now and then before reads (widening the window between a
 /// read's plan and its I/O) and before flushes and writes (a slow backing device).
@@ -513,8 +380,7 @@ fn a_wide_clean_window_over_a_fresh_loss_logs_the_loss_before_the_head_passes_it
     assert!(head > u64::from(slot_l), "the first reclaim passed the loss (head {head})");
     assert!(is_lost(&read_version(&volume, L), L), "live");
     let snap = gate.take_snapshot().expect("a write after the reclaim's flush");
-    let c: Arc<dyn BlockDevice> = Arc::new(SimDevice::from_image(snap, BS as u32));
-    let recovered = open(c, durable_copy(&backing));
+    let recovered = recover_image(snap, &backing);
     let r = read_version(&recovered, L);
     assert!(is_lost(&r, L), "after a crash right after the wide reclaim, the lost block reads {r:?}");
 }
@@ -586,7 +452,7 @@ fn the_pre_cleaner_on_a_slow_backing_device_races_a_writer_in_reclaim() {
     let mut next = 100;
     admit_while(&volume, &mut next, 12, 512, |v| v.status().log_tail < 128 - 20);
     assert_eq!(volume.status().dirty_blocks, 21);
-    slow.arm(Hold::Flush);
+    slow.arm(Hold::Flush(0));
     let pre = {
         let v = volume.clone();
         std::thread::spawn(move || v.background_tick())

@@ -14,104 +14,18 @@
 //! - `a_backing_device_with_other_first_blocks_is_refused`: two backing devices of the same
 //!   size and last block are told apart by their first blocks.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions};
 use tiercache_format::Layout;
-use tiercache_sim::stamp::{stamped as stamp, version_of};
 
-const BS: usize = 4096;
-
-/// A device whose flush can be held at a gate: the test decides when a slow backing flush
-/// returns.
-struct GatedDevice {
-    inner: Arc<SimDevice>,
-    armed: AtomicBool,
-    gate: Mutex<(bool, bool)>, // (a flush is waiting at the gate, the gate is open)
-    cv: Condvar,
-}
-
-impl GatedDevice {
-    fn new(inner: Arc<SimDevice>) -> GatedDevice {
-        GatedDevice { inner, armed: AtomicBool::new(false), gate: Mutex::new((false, false)), cv: Condvar::new() }
-    }
-    fn wait_until_held(&self) {
-        let mut g = self.gate.lock().unwrap();
-        while !g.0 {
-            g = self.cv.wait(g).unwrap();
-        }
-    }
-    fn open_gate(&self) {
-        let mut g = self.gate.lock().unwrap();
-        g.1 = true;
-        self.cv.notify_all();
-    }
-}
-
-impl BlockDevice for GatedDevice {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        if self.armed.swap(false, Ordering::SeqCst) {
-            let mut g = self.gate.lock().unwrap();
-            g.0 = true;
-            self.cv.notify_all();
-            while !g.1 {
-                g = self.cv.wait(g).unwrap();
-            }
-        }
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        "gated".into()
-    }
-}
-
-/// A cache of `log_segments` segments of 8 blocks, and a backing device of `blocks` blocks
-/// stamped with version 0.
-fn devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>) {
-    let log_blocks = log_segments * 8;
-    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
-    let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
-    let image: Vec<u8> = (0..blocks).flat_map(|b| stamp(b, 0)).collect();
-    let backing = Arc::new(SimDevice::from_image(image, BS as u32).with_name("backing"));
-    let opts = CreateOptions { segment_blocks: 8, ..CreateOptions::default() };
-    create(&*cache, &*backing, &opts).expect("create");
-    (cache, backing)
-}
-
-fn open(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Volume {
-    Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0
-}
-
-fn read_version(v: &Volume, block: u64) -> Result<Option<u64>, EngineError> {
-    let mut buf = vec![0u8; BS];
-    v.read(block * BS as u64, &mut buf)?;
-    Ok(version_of(block, &buf))
-}
-
-fn slot_of(v: &Volume, block: u64) -> Option<(u32, bool)> {
-    v.index_snapshot().into_iter().find(|(b, _)| *b == block).map(|(_, e)| (e.slot, e.dirty))
-}
+mod common;
+use common::*;
 
 #[test]
 fn write_back_marks_clean_only_the_version_it_wrote() {
     let (cache, backing) = devices(8, 64);
-    let gated = Arc::new(GatedDevice::new(Arc::clone(&backing)));
+    let gated = Gate::new(Arc::clone(&backing));
     let volume = Arc::new(open(cache.clone(), gated.clone()));
     const B: u64 = 5;
     volume.write(B * BS as u64, &stamp(B, 1)).unwrap();
@@ -119,7 +33,7 @@ fn write_back_marks_clean_only_the_version_it_wrote() {
     let (slot_v1, _) = slot_of(&volume, B).unwrap();
 
     // The write-back of version 1 reaches the backing flush and is held there.
-    gated.armed.store(true, Ordering::SeqCst);
+    gated.hold_flush(0);
     let destager = {
         let volume = Arc::clone(&volume);
         std::thread::spawn(move || volume.destage_step(64))
@@ -160,14 +74,10 @@ fn write_back_marks_clean_only_the_version_it_wrote() {
     assert_eq!(read_version(&volume, B).unwrap(), Some(version));
 }
 
-/// Overwrites the cache device's copy of `block` (durably) with garbage.
-fn corrupt_cached_block(cache: &SimDevice, volume: &Volume, block: u64) {
-    let (slot, dirty) = slot_of(volume, block).expect("cached");
-    assert!(dirty);
-    let sb = volume.superblock();
-    let offset = sb.layout.log_offset(u64::from(slot));
-    cache.write_at(offset, &vec![0xEEu8; BS]).unwrap();
-    cache.flush().unwrap();
+/// Overwrites the cache device's copy of `block`, which must be dirty, durably with garbage.
+fn corrupt_dirty_block(cache: &SimDevice, volume: &Volume, block: u64) {
+    assert!(slot_of(volume, block).expect("cached").1);
+    corrupt_cached_block(cache, volume, block);
 }
 
 #[test]
@@ -178,7 +88,7 @@ fn a_lost_block_stays_lost_across_flush_checkpoint_and_restart() {
     volume.write(B * BS as u64, &stamp(B, 1)).unwrap();
     volume.write(10 * BS as u64, &stamp(10, 1)).unwrap();
     volume.flush().unwrap();
-    corrupt_cached_block(&cache, &volume, B);
+    corrupt_dirty_block(&cache, &volume, B);
     assert!(matches!(read_version(&volume, B), Err(EngineError::LostBlock { block: B })));
 
     // Writing everything back must not report success while a block is lost.
@@ -217,7 +127,7 @@ fn a_lost_block_is_remembered_when_the_log_laps_past_it() {
     const B: u64 = 3;
     volume.write(B * BS as u64, &stamp(B, 1)).unwrap();
     volume.flush().unwrap();
-    corrupt_cached_block(&cache, &volume, B);
+    corrupt_dirty_block(&cache, &volume, B);
     volume.destage_step(64).unwrap();
     for i in 0..300u64 {
         let other = 40 + i % 8;

@@ -1,9 +1,11 @@
 //! Helpers shared by the engine's test files: stamped blocks, small simulated devices, a
-//! volume opened on them, power cuts, and reading, locating and rotting one block.
+//! volume opened on them, power cuts, reading, locating and rotting one block, and the
+//! `Gate` device that holds an I/O until the test lets it go.
 // (Each test file is its own crate and uses a different subset of these.)
 #![allow(dead_code)]
 
-use std::sync::Arc;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions};
 use tiercache_format::Layout;
@@ -74,4 +76,186 @@ pub fn corrupt_cached_block(cache: &SimDevice, volume: &Volume, block: u64) {
 /// Writes `block` stamped with `version`.
 pub fn write(v: &Volume, block: u64, version: u64) {
     v.write(block * BS as u64, &stamp(block, version)).unwrap();
+}
+
+/// The volume recovered from a power-cut image of the cache device, with the backing
+/// device's durable content.
+pub fn recover_image(image: Vec<u8>, backing: &SimDevice) -> Volume {
+    open(Arc::new(SimDevice::from_image(image, BS as u32)), durable_copy(backing))
+}
+
+// ------------------------------------------------------------------------------ the gate
+
+/// What a `Gate` holds (once) until opened.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Hold {
+    /// The next read of at least this many blocks, before it reaches the medium.
+    ReadBefore(usize),
+    /// The `n`-th flush from now (0 = the next one), before it reaches the medium.
+    Flush(u32),
+}
+
+#[derive(Default)]
+struct GateState {
+    hold: Option<Hold>,
+    held: bool,
+    open: bool,
+    /// Snapshot the durable image at the first write after this many more flushes.
+    snap_after_flushes: Option<u32>,
+    snapshot: Option<Vec<u8>>,
+    /// Names of the threads that issued writes (when recording).
+    record_writers: bool,
+    writers: Vec<String>,
+}
+
+/// A SimDevice wrapper for deterministic races: it can hold one read or flush at a gate
+/// until the test opens it, snapshot the durable image at an exact point (a power cut
+/// there), record which threads write, and report a kernel identity.
+pub struct Gate {
+    inner: Arc<SimDevice>,
+    identity: Option<String>,
+    st: Mutex<GateState>,
+    cv: Condvar,
+}
+
+impl Gate {
+    pub fn new(inner: Arc<SimDevice>) -> Arc<Gate> {
+        Arc::new(Gate { inner, identity: None, st: Mutex::new(GateState::default()), cv: Condvar::new() })
+    }
+
+    pub fn with_identity(inner: Arc<SimDevice>, id: &str) -> Arc<Gate> {
+        Arc::new(Gate {
+            inner,
+            identity: Some(id.to_string()),
+            st: Mutex::new(GateState::default()),
+            cv: Condvar::new(),
+        })
+    }
+
+    /// Holds the next operation `hold` names.
+    pub fn arm(&self, hold: Hold) {
+        let mut g = self.st.lock().unwrap();
+        g.hold = Some(hold);
+        g.held = false;
+        g.open = false;
+    }
+
+    /// Holds the `n`-th flush from now (0 = the next one).
+    pub fn hold_flush(&self, n: u32) {
+        self.arm(Hold::Flush(n));
+    }
+
+    pub fn wait_until_held(&self) {
+        let mut g = self.st.lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !g.held {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            assert!(!left.is_zero(), "the gate was never reached");
+            g = self.cv.wait_timeout(g, left).unwrap().0;
+        }
+    }
+
+    pub fn open_gate(&self) {
+        let mut g = self.st.lock().unwrap();
+        g.open = true;
+        self.cv.notify_all();
+    }
+
+    pub fn snapshot_at_first_write_after_flushes(&self, n: u32) {
+        let mut g = self.st.lock().unwrap();
+        g.snap_after_flushes = Some(n);
+        g.snapshot = None;
+    }
+
+    pub fn take_snapshot(&self) -> Option<Vec<u8>> {
+        self.st.lock().unwrap().snapshot.take()
+    }
+
+    pub fn record_writers(&self, on: bool) {
+        let mut g = self.st.lock().unwrap();
+        g.record_writers = on;
+        g.writers.clear();
+    }
+
+    pub fn writers(&self) -> Vec<String> {
+        self.st.lock().unwrap().writers.clone()
+    }
+
+    fn maybe_hold(&self, op: Hold) {
+        let mut g = self.st.lock().unwrap();
+        let matches = match (g.hold, op) {
+            (Some(Hold::ReadBefore(min)), Hold::ReadBefore(n)) => n >= min,
+            (Some(Hold::Flush(0)), Hold::Flush(_)) => true,
+            (Some(Hold::Flush(k)), Hold::Flush(_)) => {
+                g.hold = Some(Hold::Flush(k - 1));
+                false
+            }
+            _ => false,
+        };
+        if !matches {
+            return;
+        }
+        g.hold = None;
+        g.held = true;
+        self.cv.notify_all();
+        while !g.open {
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+}
+
+impl BlockDevice for Gate {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
+        self.maybe_hold(Hold::ReadBefore(buf.len() / BS));
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
+        {
+            let mut g = self.st.lock().unwrap();
+            if g.snap_after_flushes == Some(0) {
+                g.snapshot = Some(self.inner.durable_image());
+                g.snap_after_flushes = None;
+            }
+            if g.record_writers {
+                let name = std::thread::current().name().unwrap_or("?").to_string();
+                g.writers.push(name);
+            }
+        }
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> tiercache_device::Result<()> {
+        self.maybe_hold(Hold::Flush(0));
+        let r = self.inner.flush();
+        let mut g = self.st.lock().unwrap();
+        if let Some(n) = g.snap_after_flushes {
+            if n > 0 {
+                g.snap_after_flushes = Some(n - 1);
+            }
+        }
+        r
+    }
+    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn describe(&self) -> String {
+        format!("gate:{}", self.inner.describe())
+    }
+    fn identity(&self) -> Option<String> {
+        self.identity.clone()
+    }
+}
+
+/// Runs `f` on the volume in a thread of its own (a client or the destager).
+pub fn on_thread<T: Send + 'static>(
+    volume: &Arc<Volume>,
+    f: impl FnOnce(&Volume) -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let volume = Arc::clone(volume);
+    std::thread::spawn(move || f(&volume))
 }
