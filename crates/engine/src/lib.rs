@@ -25,7 +25,7 @@ mod volume;
 pub use check::CheckReport;
 pub use error::{EngineError, Result, Role};
 pub use index::{index_ram_bytes, IndexEntry};
-pub use open::{create, read_superblock, CreateOptions, OpenReport};
+pub use open::{create, read_superblock, CreateOptions, OpenReport, ReplayEnd, ReplayStop};
 pub use volume::{Counters, Sabotage, Volume, VolumeOptions};
 
 use serde::Serialize;
