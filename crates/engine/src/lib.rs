@@ -29,7 +29,7 @@ mod volume;
 pub use check::CheckReport;
 pub use error::{Corruption, EngineError, Result, Role};
 pub use index::{index_ram_bytes, IndexEntry};
-pub use open::{create, read_superblock, CreateOptions, OpenReport};
+pub use open::{create, read_superblock, CreateOptions, OpenReport, ReplayEnd, ReplayStop};
 #[cfg(feature = "testing")]
 pub use sabotage::Sabotage;
 pub use volume::{Counters, Volume, VolumeOptions};

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use tiercache_device::{BlockDevice, FailMode, OpKind, SimDevice};
 use tiercache_engine::{create, CreateOptions, EngineError, Volume};
-use tiercache_format::{uuid_low64, CheckpointHeader, Layout};
+use tiercache_format::Layout;
 
 mod common;
 use common::*;
@@ -588,23 +588,6 @@ fn a_rewritten_lost_block_is_never_eio_after_laps_and_restarts() {
 // ------------------------------------------------------------------------------------------
 // Pins for the epoch rule: crash during recovery's own checkpoint, crash after crash, and the
 // newest checkpoint unreadable (recovery falls back to the older area across an epoch change).
-
-fn checkpoint_area_with_higher_sequence(cache: &SimDevice) -> (u64, u64) {
-    let sb = tiercache_engine::read_superblock(cache).unwrap();
-    let uuid = uuid_low64(&sb.uuid);
-    let mut best = (0, 0);
-    for area in 0..2 {
-        let mut block = vec![0u8; BS];
-        let start = sb.layout.checkpoint_area_start[area] * BS as u64;
-        cache.read_at(start, &mut block).unwrap();
-        if let Ok(h) = CheckpointHeader::decode(&block, uuid, sb.layout.checkpoint_capacity()) {
-            if h.sequence >= best.1 {
-                best = (start, h.sequence);
-            }
-        }
-    }
-    best
-}
 
 #[test]
 fn a_discarded_record_stays_discarded_when_the_newest_checkpoint_is_unreadable() {

@@ -221,3 +221,60 @@ impl Volume {
         );
     }
 }
+
+impl Volume {
+    /// Gives the writer its reclaim reserve back when the recovered log leaves less free
+    /// (open calls it before its checkpoint). The engine never writes such a log (every
+    /// record leaves `reclaim_reserve` free), but recovery accepts any record that fits in
+    /// the log: one written by an engine that kept a smaller reserve, or forged. Reclaim
+    /// could not write its record there, so the head moves without one: the live dirty
+    /// blocks of the window are written back, every live block of it leaves the index, and
+    /// a checkpoint (at the tail, carrying the new head) makes that durable. A crash before it
+    /// recovers the same log again, and this runs again.
+    pub(crate) fn restore_reclaim_reserve(&self) -> Result<()> {
+        let _io = self.lock_io();
+        let (head, tail) = {
+            let st = self.lock();
+            (st.head, st.tail)
+        };
+        let free = head + self.layout.log_blocks - tail;
+        if free >= self.reclaim_reserve() {
+            return Ok(());
+        }
+        let seg = u64::from(self.layout.segment_blocks);
+        let new_head = (head + (self.reclaim_reserve() - free).div_ceil(seg) * seg).min(tail);
+        tracing::warn!(
+            head,
+            tail,
+            new_head,
+            "the recovered log leaves reclaim no room: moving the head by a checkpoint"
+        );
+        let dirty: Vec<Picked> = {
+            let st = self.lock();
+            self.live_between(&st, head, new_head).filter(|p| p.entry.dirty).collect()
+        };
+        if !dirty.is_empty() {
+            let _destage = self.lock_destage();
+            self.destage_blocks(dirty)?;
+        }
+        {
+            let mut st = self.lock();
+            let live: Vec<Picked> = self.live_between(&st, head, new_head).collect();
+            let still_dirty = live.iter().filter(|p| p.entry.dirty).count() as u64;
+            if still_dirty > 0 {
+                // (A copy that failed its checksum was declared lost or repaired by the
+                // write-back, and left the index; what is still dirty could not be written.)
+                return Err(EngineError::WriteBackStuck { count: still_dirty });
+            }
+            for p in live {
+                st.index.remove(p.block);
+                st.counters.evicted_blocks += 1;
+            }
+            // The MarkClean entries of this write-back name positions behind the new head:
+            // the checkpoint's index says evicted for them.
+            st.pending_meta.retain(|m| !(m.kind == EntryKind::MarkClean && (head..new_head).contains(&m.ref_position)));
+            st.head = new_head;
+        }
+        self.checkpoint_locked()
+    }
+}

@@ -1,14 +1,16 @@
 //! Helpers shared by the engine's test files: stamped blocks, small simulated devices, a
-//! volume opened on them, power cuts, reading, locating and rotting one block, and the
-//! `Gate` device that holds an I/O until the test lets it go.
+//! volume opened on them, power cuts, reading, locating and rotting one block, reading and
+//! forging the log's records and the checkpoint areas, and the `Gate` device that holds an
+//! I/O until the test lets it go.
 // (Each test file is its own crate and uses a different subset of these.)
 #![allow(dead_code)]
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
-use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions};
-use tiercache_format::Layout;
+use tiercache_engine::{create, CreateOptions, EngineError, OpenReport, Volume, VolumeOptions};
+use tiercache_format::constants::{CHECKPOINT_ENTRY_SIZE, RECORD_ENTRY_SIZE, RECORD_HEADER_SIZE};
+use tiercache_format::{checksum, uuid_low64, CheckpointEntry, CheckpointHeader, Layout, RecordHeader};
 
 pub const BS: usize = 4096;
 
@@ -38,7 +40,15 @@ pub fn devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice
 }
 
 pub fn try_open(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Result<Volume, EngineError> {
-    Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default()).map(|(v, _)| v)
+    try_open_report(cache, backing).map(|(v, _)| v)
+}
+
+/// `try_open`, with what open found (how many records it replayed, where replay ended and why).
+pub fn try_open_report(
+    cache: Arc<dyn BlockDevice>,
+    backing: Arc<dyn BlockDevice>,
+) -> Result<(Volume, OpenReport), EngineError> {
+    Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())
 }
 
 pub fn open(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Volume {
@@ -258,4 +268,153 @@ pub fn on_thread<T: Send + 'static>(
 ) -> std::thread::JoinHandle<T> {
     let volume = Arc::clone(volume);
     std::thread::spawn(move || f(&volume))
+}
+
+// ------------------------------------------------------------------------------------------
+// The log and the checkpoint areas, read and forged directly on the cache device (the format
+// crate's encoders; docs/format.md section 2).
+
+/// The layout of the volume on `cache` and its magic key (`uuid_low64`).
+pub fn layout_of(cache: &SimDevice) -> (Layout, u64) {
+    let sb = tiercache_engine::read_superblock(cache).unwrap();
+    (sb.layout, uuid_low64(&sb.uuid))
+}
+
+/// A record on the cache device: the position of its header, the header, its stored checksum.
+#[derive(Debug, Clone)]
+pub struct Rec {
+    pub pos: u64,
+    pub header: RecordHeader,
+    pub crc: u32,
+}
+
+impl Rec {
+    /// The position after its last data block.
+    pub fn end(&self) -> u64 {
+        self.pos + self.header.total_blocks()
+    }
+}
+
+/// The record whose header is at log position `pos`, if a header of this volume decodes there.
+pub fn record_at(cache: &SimDevice, pos: u64) -> Option<Rec> {
+    let (layout, uuid) = layout_of(cache);
+    let mut block = vec![0u8; BS];
+    cache.read_at(layout.log_offset(pos), &mut block).unwrap();
+    let header = RecordHeader::decode(&block, uuid).ok()?;
+    Some(Rec { pos, header, crc: RecordHeader::stored_checksum(&block) })
+}
+
+/// The records from the newest checkpoint's position onwards, following only positions and
+/// sequences (no chain or data checks): what a test builds on, not an oracle for recovery.
+pub fn records_after_checkpoint(cache: &SimDevice) -> Vec<Rec> {
+    let (_, ck, _) = newest_checkpoint(cache);
+    let (mut pos, mut seq) = (ck.log_position, ck.next_record_sequence);
+    let mut records = Vec::new();
+    while let Some(r) = record_at(cache, pos).filter(|r| r.header.position == pos && r.header.sequence == seq) {
+        (pos, seq) = (r.end(), seq + 1);
+        records.push(r);
+    }
+    records
+}
+
+/// The header of a record that would follow `prev` soundly: at its end, the next sequence,
+/// chained to it, with its head and epoch, vouching for it (`durable_back` 1); no entries.
+pub fn next_header(prev: &Rec) -> RecordHeader {
+    RecordHeader {
+        sequence: prev.header.sequence + 1,
+        position: prev.end(),
+        head_position: prev.header.head_position,
+        prev_checksum: prev.crc,
+        epoch: prev.header.epoch,
+        durable_back: 1,
+        entries: Vec::new(),
+    }
+}
+
+/// Writes a record whose header goes at log position `at` (normally `header.position`): the
+/// encoded header, changed by `patch` (to forge a bad one), then `data` as its data blocks
+/// (the log wraps block by block). Not flushed, as a record in the device's volatile cache.
+pub fn write_record(
+    cache: &SimDevice,
+    at: u64,
+    header: &RecordHeader,
+    data: &[Vec<u8>],
+    patch: impl FnOnce(&mut [u8]),
+) -> Rec {
+    let (layout, uuid) = layout_of(cache);
+    let mut block = vec![0u8; BS];
+    header.encode(uuid, &mut block);
+    patch(&mut block);
+    cache.write_at(layout.log_offset(at), &block).unwrap();
+    for (i, d) in data.iter().enumerate() {
+        cache.write_at(layout.log_offset(at + 1 + i as u64), d).unwrap();
+    }
+    Rec { pos: at, header: header.clone(), crc: RecordHeader::stored_checksum(&block) }
+}
+
+/// Recomputes a record header block's checksum after a patch, as its writer would have.
+pub fn reseal_header(block: &mut [u8]) {
+    let entries = usize::from(u16::from_le_bytes([block[4], block[5]]));
+    let crc = checksum(&block[4..RECORD_HEADER_SIZE + entries * RECORD_ENTRY_SIZE]);
+    block[..4].copy_from_slice(&crc.to_le_bytes());
+}
+
+/// Each checkpoint area's byte offset and header, if it decodes.
+pub fn checkpoint_areas(cache: &SimDevice) -> [(u64, Option<CheckpointHeader>); 2] {
+    let (layout, uuid) = layout_of(cache);
+    [0, 1].map(|area| {
+        let mut block = vec![0u8; BS];
+        let start = layout.checkpoint_area_start[area] * BS as u64;
+        cache.read_at(start, &mut block).unwrap();
+        (start, CheckpointHeader::decode(&block, uuid, layout.checkpoint_capacity()).ok())
+    })
+}
+
+/// The byte offset and sequence of the checkpoint area whose header decodes with the higher
+/// sequence (the second area on a tie).
+pub fn checkpoint_area_with_higher_sequence(cache: &SimDevice) -> (u64, u64) {
+    let (start, ck, _) = newest_checkpoint(cache);
+    (start, ck.sequence)
+}
+
+/// The newest checkpoint whose header decodes: its area's byte offset, header and entries
+/// (the entries as stored, even if torn).
+pub fn newest_checkpoint(cache: &SimDevice) -> (u64, CheckpointHeader, Vec<CheckpointEntry>) {
+    let (start, ck) = checkpoint_areas(cache)
+        .into_iter()
+        .filter_map(|(start, h)| h.map(|h| (start, h)))
+        .max_by_key(|(_, h)| h.sequence)
+        .expect("a checkpoint header decodes");
+    let mut bytes = vec![0u8; (ck.entry_count as usize * CHECKPOINT_ENTRY_SIZE).div_ceil(BS) * BS];
+    cache.read_at(start + BS as u64, &mut bytes).unwrap();
+    let entries = bytes
+        .chunks(CHECKPOINT_ENTRY_SIZE)
+        .take(ck.entry_count as usize)
+        .map(|e| CheckpointEntry::decode(e).unwrap())
+        .collect();
+    (start, ck, entries)
+}
+
+/// Rewrites the newest checkpoint in place, durably and valid (checksums recomputed), after
+/// `change` edited its header and entries.
+pub fn rewrite_newest_checkpoint(
+    cache: &SimDevice,
+    change: impl FnOnce(&mut CheckpointHeader, &mut Vec<CheckpointEntry>),
+) {
+    let (_, uuid) = layout_of(cache);
+    let (start, mut ck, mut entries) = newest_checkpoint(cache);
+    change(&mut ck, &mut entries);
+    let mut bytes = vec![0u8; (entries.len() * CHECKPOINT_ENTRY_SIZE).div_ceil(BS) * BS];
+    for (e, out) in entries.iter().zip(bytes.chunks_mut(CHECKPOINT_ENTRY_SIZE)) {
+        e.encode(out);
+    }
+    ck.entry_count = entries.len() as u64;
+    ck.entries_crc = checksum(&bytes[..entries.len() * CHECKPOINT_ENTRY_SIZE]);
+    let mut block = vec![0u8; BS];
+    ck.encode(uuid, &mut block);
+    cache.write_at(start, &block).unwrap();
+    if !bytes.is_empty() {
+        cache.write_at(start + BS as u64, &bytes).unwrap();
+    }
+    cache.flush().unwrap();
 }
