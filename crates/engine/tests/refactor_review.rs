@@ -2,7 +2,9 @@
 //! (`check_invariants` at the exits of the record writer, reclaim and checkpoint, and
 //! `finish_reclaim`'s "no live block behind the head") must never fire on a legal state, and
 //! the per-thread lock-order bookkeeping (`lock_order.rs`) must not go stale after a panic
-//! that a caller catches. Each test is one suspicion; all of them pass on the new code.
+//! that a caller catches, nor fire on two volumes' locks (one volume as another's device).
+//! Each test is one suspicion. `a_volume_stacked_on_another_volume_writes_back` failed on
+//! 902309f (the check was per thread, not per volume) and passes since the fix.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -493,8 +495,10 @@ fn tiny_logs_with_races_inside_reclaim_never_trip_the_new_assertions() {
     }
 }
 
+/// Replays one run: `REVIEW_SEED=seed,seg,segments,faults(0|1)`, with `REVIEW_TRACE=1` for
+/// the faults and errors, `REVIEW_BLOCK=b` for block b's recovered state after each epoch.
 #[test]
-#[ignore]
+#[ignore = "a replay helper: set REVIEW_SEED"]
 fn one_seed() {
     let v: Vec<u64> = std::env::var("REVIEW_SEED").unwrap().split(',').map(|x| x.parse().unwrap()).collect();
     tiny_log_run(v[0], v[1] as u32, v[2], v[3] == 1);
@@ -711,7 +715,6 @@ impl BlockDevice for VolumeAsDevice {
 }
 
 #[test]
-#[ignore = "fails on 902309f: the lock-order check panics on a stacked volume's write-back"]
 fn a_volume_stacked_on_another_volume_writes_back() {
     let (cache_a, backing_a) = devices(8, 64);
     let inner = Arc::new(open(cache_a, backing_a));

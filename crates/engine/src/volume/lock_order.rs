@@ -1,8 +1,11 @@
 //! The lock order the module header states (`rmw -> io -> destage -> state`, the superblock's
 //! lock a leaf), checked: in debug builds and with the `testing` feature (which the
 //! simulators and the engine's tests turn on), each thread keeps the ranks of the locks it
-//! holds, and taking a lock whose rank is not above all of them panics before it can
-//! deadlock. Release builds without the feature keep only the guard (no bookkeeping).
+//! holds, per volume, and taking a lock of a volume whose rank is not above all of that
+//! volume's locks it holds panics before it can deadlock. (Per volume: one volume may be
+//! another's device, and its write-back then takes the lower volume's io lock while holding
+//! its own destage lock, which is a different lock.) Release builds without the feature keep
+//! only the guard (no bookkeeping).
 
 use std::ops::{Deref, DerefMut};
 
@@ -20,7 +23,7 @@ pub(super) enum Rank {
 pub(super) struct Ranked<G> {
     guard: G,
     #[cfg(any(debug_assertions, feature = "testing"))]
-    rank: Rank,
+    held: (usize, Rank),
 }
 
 #[cfg(any(debug_assertions, feature = "testing"))]
@@ -29,66 +32,72 @@ mod held {
     use std::cell::RefCell;
 
     thread_local! {
-        static HELD: RefCell<Vec<Rank>> = const { RefCell::new(Vec::new()) };
+        /// (owner, rank) of every lock this thread holds.
+        static HELD: RefCell<Vec<(usize, Rank)>> = const { RefCell::new(Vec::new()) };
     }
 
-    pub(super) fn check(rank: Rank) {
+    pub(super) fn check(owner: usize, rank: Rank) {
         HELD.with(|h| {
             let h = h.borrow();
-            if let Some(&top) = h.iter().max() {
-                assert!(top < rank, "lock order: taking the {rank:?} lock while holding {h:?} (rmw -> io -> destage -> state -> superblock)");
+            let top = h.iter().filter(|&&(o, _)| o == owner).map(|&(_, r)| r).max();
+            if let Some(top) = top {
+                assert!(
+                    top < rank,
+                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> destage -> state -> superblock)"
+                );
             }
         });
     }
 
-    pub(super) fn push(rank: Rank) {
-        HELD.with(|h| h.borrow_mut().push(rank));
+    pub(super) fn push(held: (usize, Rank)) {
+        HELD.with(|h| h.borrow_mut().push(held));
     }
 
-    pub(super) fn pop(rank: Rank) {
+    pub(super) fn pop(held: (usize, Rank)) {
         HELD.with(|h| {
             let mut h = h.borrow_mut();
-            let at = h.iter().rposition(|&r| r == rank).expect("a held lock's rank is recorded");
+            let at = h.iter().rposition(|&x| x == held).expect("a held lock's rank is recorded");
             h.remove(at);
         });
     }
 }
 
-/// Takes a lock through `acquire`, checking that its rank comes after every lock held.
-pub(super) fn ranked<G>(rank: Rank, acquire: impl FnOnce() -> G) -> Ranked<G> {
+/// Takes a lock of `owner` (the volume's address) through `acquire`, checking that its rank
+/// comes after every lock of the same owner this thread holds.
+pub(super) fn ranked<G>(owner: usize, rank: Rank, acquire: impl FnOnce() -> G) -> Ranked<G> {
     #[cfg(any(debug_assertions, feature = "testing"))]
-    held::check(rank);
+    held::check(owner, rank);
     let guard = acquire();
     #[cfg(any(debug_assertions, feature = "testing"))]
-    held::push(rank);
+    held::push((owner, rank));
     #[cfg(not(any(debug_assertions, feature = "testing")))]
-    let _ = rank;
+    let _ = (owner, rank);
     Ranked {
         guard,
         #[cfg(any(debug_assertions, feature = "testing"))]
-        rank,
+        held: (owner, rank),
     }
 }
 
 /// A `try_lock`: cannot deadlock, so the order is not checked, but a lock it takes counts as
 /// held for the locks taken after it.
-pub(super) fn try_ranked<G>(rank: Rank, acquire: impl FnOnce() -> Option<G>) -> Option<Ranked<G>> {
+pub(super) fn try_ranked<G>(owner: usize, rank: Rank, acquire: impl FnOnce() -> Option<G>) -> Option<Ranked<G>> {
     let guard = acquire()?;
     #[cfg(any(debug_assertions, feature = "testing"))]
-    held::push(rank);
+    held::push((owner, rank));
     #[cfg(not(any(debug_assertions, feature = "testing")))]
-    let _ = rank;
+    let _ = (owner, rank);
     Some(Ranked {
         guard,
         #[cfg(any(debug_assertions, feature = "testing"))]
-        rank,
+        held: (owner, rank),
     })
 }
 
 impl<G> Drop for Ranked<G> {
     fn drop(&mut self) {
         #[cfg(any(debug_assertions, feature = "testing"))]
-        held::pop(self.rank);
+        held::pop(self.held);
     }
 }
 
@@ -114,12 +123,12 @@ mod tests {
     fn locks_in_order_pass_and_out_of_order_panics() {
         let (io, state) = (Mutex::new(()), Mutex::new(()));
         {
-            let _io = ranked(Rank::Io, || io.lock().unwrap());
-            let _st = ranked(Rank::State, || state.lock().unwrap());
+            let _io = ranked(1, Rank::Io, || io.lock().unwrap());
+            let _st = ranked(1, Rank::State, || state.lock().unwrap());
         }
         let taken = std::thread::spawn(move || {
-            let _st = ranked(Rank::State, || state.lock().unwrap());
-            let _io = ranked(Rank::Io, || io.lock().unwrap());
+            let _st = ranked(1, Rank::State, || state.lock().unwrap());
+            let _io = ranked(1, Rank::Io, || io.lock().unwrap());
         })
         .join();
         assert!(taken.is_err(), "taking io while holding state must panic");
@@ -128,7 +137,16 @@ mod tests {
     #[test]
     fn a_released_lock_no_longer_counts() {
         let (destage, io) = (Mutex::new(()), Mutex::new(()));
-        drop(ranked(Rank::Destage, || destage.lock().unwrap()));
-        let _io = ranked(Rank::Io, || io.lock().unwrap());
+        drop(ranked(1, Rank::Destage, || destage.lock().unwrap()));
+        let _io = ranked(1, Rank::Io, || io.lock().unwrap());
+    }
+
+    #[test]
+    fn another_volumes_locks_are_another_order() {
+        // A volume whose device is another volume: its write-back holds its destage lock
+        // and the lower volume's flush takes that volume's io lock.
+        let (destage, io) = (Mutex::new(()), Mutex::new(()));
+        let _upper = ranked(1, Rank::Destage, || destage.lock().unwrap());
+        let _lower = ranked(2, Rank::Io, || io.lock().unwrap());
     }
 }

@@ -44,7 +44,7 @@ impl Volume {
         if start == offset && end == offset + data.len() as u64 {
             return self.write(offset, data);
         }
-        let _rmw = lock_order::ranked(lock_order::Rank::Rmw, || self.rmw.lock().expect("rmw lock"));
+        let _rmw = lock_order::ranked(self.lock_owner(), lock_order::Rank::Rmw, || self.rmw.lock().expect("rmw lock"));
         let mut whole = vec![0u8; (end - start) as usize];
         let bs = self.bs as u64;
         self.read(start, &mut whole[..self.bs])?;

@@ -283,7 +283,9 @@ impl Volume {
             self.lock().poison(format!("writing the superblock failed: {e}"));
             return Err(e);
         }
-        *lock_order::ranked(lock_order::Rank::Superblock, || self.superblock.lock().expect("superblock lock")) = sb;
+        *lock_order::ranked(self.lock_owner(), lock_order::Rank::Superblock, || {
+            self.superblock.lock().expect("superblock lock")
+        }) = sb;
         Ok(())
     }
 
