@@ -1,5 +1,5 @@
 //! Heap buffers aligned for O_DIRECT. Data-path buffers are allocated once at start-up and
-//! reused (STYLE.md), so this type has no growth operations.
+//! reused, so this type has no growth operations.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ops::{Deref, DerefMut};

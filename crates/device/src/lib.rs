@@ -112,6 +112,9 @@ macro_rules! forward_block_device {
             fn describe(&self) -> String {
                 (**self).describe()
             }
+            fn identity(&self) -> Option<String> {
+                (**self).identity()
+            }
         }
     };
 }

@@ -39,7 +39,7 @@ pub const MAX_RECORD_ENTRIES: usize = (MIN_BLOCK_SIZE as usize - RECORD_HEADER_S
 pub const MAX_BACKING_BLOCKS: u64 = u32::MAX as u64 - 1;
 /// The most log blocks a cache uses: the RAM index keeps slots in 29 bits (2 TiB of cache at
 /// 4 KiB blocks, 32 TiB at 64 KiB). A larger device is formatted with this many; the rest
-/// stays unused. (Checkpoint entries have room for 31 bits.)
+/// stays unused. (Checkpoint entries have room for 30 bits.)
 pub const MAX_LOG_BLOCKS: u64 = 1 << 29;
 
 /// Default reclaim granularity, in blocks (1 MiB at 4 KiB blocks).

@@ -11,7 +11,8 @@ pub struct Layout {
     /// Blocks of the whole cache device that the layout uses.
     pub total_blocks: u64,
     pub segment_blocks: u32,
-    /// Each checkpoint area: one header block plus room for one entry per log block.
+    /// Each checkpoint area: one header block plus room for one entry per log block and one
+    /// tombstone per possible lost block (`max_lost_blocks_for`).
     pub checkpoint_area_blocks: u64,
     pub checkpoint_area_start: [u64; 2],
     pub log_start: u64,

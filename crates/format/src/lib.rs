@@ -8,7 +8,7 @@
 //! | superblock A | superblock B | checkpoint area 0 | checkpoint area 1 | log ......... |
 //! ```
 //!
-//! Conventions (STYLE.md): on-disk structs end in `Disk`, are little-endian with explicit
+//! Conventions: on-disk structs end in `Disk`, are little-endian with explicit
 //! zeroed padding and a compile-time size assertion, and open with checksum, magic, version
 //! and sequence. Record and checkpoint magics are XORed with the volume UUID.
 

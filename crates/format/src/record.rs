@@ -60,9 +60,11 @@ pub struct RecordEntryDisk {
     /// The backing device block this entry is about.
     pub backing_block: U64,
     /// `MarkClean`: the log position of the data block that is now clean (so that a newer
-    /// version of the same block is not marked clean by mistake). Zero otherwise.
+    /// version of the same block is not marked clean by mistake). `Lost`: the position of the
+    /// copy that failed its checksum. Zero otherwise.
     pub ref_position: U64,
-    /// Data kinds: CRC-32C of the data block. Zero otherwise.
+    /// Data kinds: CRC-32C of the data block. `Lost`: the CRC of the lost version. Zero
+    /// otherwise.
     pub data_crc: U32,
     /// `EntryKind` as a number.
     pub kind: u8,

@@ -74,8 +74,8 @@ pub struct SuperblockDisk {
     pub created_unix_secs: U64,
     /// The backing device's path at format time, NUL-padded (informational: paths change).
     pub backing_path: [u8; 128],
-    /// The stable identity the kernel reports for a backing block device (WWN, serial or a
-    /// /dev/disk/by-id name), NUL-padded; empty for files and devices that report none. A
+    /// The stable identity the kernel reports for a backing block device (its WWID, else its
+    /// serial, from sysfs; `-partN` appended for a partition), NUL-padded (the first 63 bytes); empty for files and devices that report none. A
     /// device reporting another identity is refused.
     pub backing_id: [u8; 64],
     /// Zero; room for future fields.
@@ -272,8 +272,9 @@ impl Superblock {
     }
 
     /// The backing blocks whose CRCs identify the backing device, in `backing_fingerprints`
-    /// order: the blocks holding bytes 0 (MBR, LUKS, XFS, ext2/3/4 at 1024, LVM2 at 512),
-    /// 4096 (GPT entries, MD 1.2, swap's signature page end) and 65536 (Btrfs), and the last
+    /// order: the blocks holding bytes 0 (MBR, LUKS, XFS, ext2/3/4 at 1024, LVM2 at 512, and
+    /// swap's signature at the end of its first page), 4096 (GPT entries, MD 1.2) and 65536
+    /// (Btrfs), and the last
     /// block (GPT backup header, MD 0.90/1.0). With large blocks some coincide.
     pub fn fingerprint_blocks(&self) -> [u64; FINGERPRINT_BLOCKS] {
         fingerprint_blocks(self.backing_size_bytes, self.layout.block_size)

@@ -1,7 +1,7 @@
 //! Block stamps: every block a simulator or crash test writes carries its block number and
 //! a version, and a pattern derived from both, so a read of another block's data, a torn
 //! block or garbage is told apart from a stale version. Used by both simulators, the engine's
-//! and the cli's crash tests, and `tiercache debug load`.
+//! and the cli's crash tests, and `tiercache debug-load`.
 
 /// The block size stamps are made for.
 pub const STAMP_BLOCK: usize = 4096;

@@ -9,8 +9,10 @@
 //! - `rebuild.rs`: recovery's pass 2, the index and the lost set;
 //! - `recover.rs`: `recover`, the two passes over the superblock and checkpoint;
 //! - `backing.rs`: the backing device's fingerprints and identity check, `NoBacking`;
-//! - this file: `Volume::open` (recover, attach, flush, new epoch, checkpoint) and
-//!   `Volume::inspect`.
+//! - this file: `Volume::open` (recover, attach, flush, recheck lost blocks against the
+//!   backing device, new epoch, restore the reclaim reserve, checkpoint) and
+//!   `Volume::inspect` (recover, and with a backing device attach and the recheck in RAM;
+//!   writes nothing).
 //!
 //! docs/format.md 4.6 is the decision table recovery implements, one row per case.
 

@@ -90,9 +90,9 @@ impl Volume {
         Ok(())
     }
 
-    /// Fills the staging record's metadata (unlogged losses, queued MarkClean and TRIM
-    /// entries) and makes room for it at the tail, reclaiming as needed. Returns the state
-    /// guard with room for the record, or `None` if there is nothing to write.
+    /// Fills the staging record's metadata (unlogged losses, queued MarkClean entries: the
+    /// only kind queued) and makes room for it at the tail, reclaiming as needed. Returns the
+    /// state guard with room for the record, or `None` if there is nothing to write.
     fn staged_with_room(&self, io: &mut IoBuffers) -> Result<Option<StateGuard<'_>>> {
         loop {
             let mut st = self.lock();
@@ -145,8 +145,8 @@ impl Volume {
         let bs = self.bs;
         let blocks = 1 + st.staging.data.len() as u64;
         let position = st.tail;
-        // Metadata first: a TRIM or MarkClean was queued before any data of the same block
-        // staged after it, and replay applies entries in order.
+        // Metadata first: a MarkClean or Lost entry was queued before any data of the same
+        // block staged after it, and replay applies entries in order.
         let entries = st
             .staging
             .meta

@@ -19,7 +19,10 @@
 //! - `background.rs`: the background round (staging age, watermarks, pre-cleaning) and write
 //!   backpressure;
 //! - `log_io.rs`: reading and writing log positions (wrap-around, runs of slots);
-//! - `status.rs`: what `status`, `check` and the simulators see.
+//! - `status.rs`: what `status`, `check` and the simulators see;
+//! - `lock_order.rs`: the lock order below, checked.
+//!
+//! Recovery and `Volume::open` are in `crate::open` (its own map in `open/mod.rs`).
 //!
 //! Data path:
 //! - `write` stages blocks in RAM (the volume is a disk with a volatile write cache); a full
@@ -37,13 +40,18 @@
 //! never held while another is taken.
 //! (Debug builds and the `testing` feature check the order per volume: `lock_order.rs`.)
 //!
-//! Invariants (asserted at the exits of the record writer, reclaim and checkpoint, in
-//! `check_invariants`):
+//! Invariants (the O(1) ones asserted at the exits of the record writer, reclaim and
+//! checkpoint, in `check_invariants`: the reserve, `head <= checkpoint position <= tail`,
+//! `written_tail <= tail`, `durable_sealed <= sealed`; `finish_reclaim` asserts the first one
+//! for the window it freed):
 //! - every index entry names a slot whose position is in `[head, tail)`;
 //! - `tail + reclaim_reserve <= head + log_blocks` after every record write, where the
 //!   reserve is `1 + copy_forward_max`: the reclaim record (its header and the blocks it
-//!   copies forward) always fits, in space that recovery no longer points into;
-//! - `head <= checkpoint position`: replay always starts at or after the head;
+//!   copies forward) always fits, in space that recovery no longer points into (open restores
+//!   it when a recovered log leaves less: `restore_reclaim_reserve`);
+//! - `head <= checkpoint position`: replay always starts at or after the head (after a
+//!   recovery that fell back to the older checkpoint, true again once open's checkpoint is
+//!   written);
 //! - records are written in sequence order; `durable_sealed <= sealed`, and `durable_sealed`
 //!   only grows, and only after a cache-device flush that started after those records were
 //!   written (it counts sealed staging buffers, not sequence numbers, which reclaim records
@@ -183,7 +191,8 @@ struct State {
     /// Emptied containers of the last written record, reused by the next seal.
     spare_data: Vec<(u64, EntryKind, u32)>,
     spare_map: HashMap<u64, usize>,
-    /// Read-miss fills in flight: block -> (readers, cancelled by a write or trim).
+    /// Read-miss fills in flight: block -> (readers, cancelled by a write or a loss).
+    /// (A TRIM does not cancel one: the fill holds the backing device's data.)
     fills: HashMap<u64, (u32, bool)>,
     /// Dirty blocks whose only copy failed its checksum: reads fail until a record holding
     /// newer data of the block is written (see `Lost`).
@@ -237,8 +246,11 @@ impl State {
 /// next record sealed (`logged`), and as a tombstone into every checkpoint while the entry
 /// exists, so it survives the head passing `position` and any restart. A `Lost` entry is
 /// never written after a record holding newer data of the block: the entry leaves this map
-/// exactly when such a record is written, and a record never carries both (its own data
-/// supersedes the loss).
+/// exactly when such a record is written, and an ordinary record never carries both (its own
+/// data supersedes the loss). Reclaim's record may carry a loss of a block it copies forward
+/// (declared after reclaim read the copy good); the copy comes after it in that record and
+/// supersedes it on replay. A loss also ends when a write-back of that very version
+/// completes, or when open finds the version on the backing device.
 #[derive(Debug, Clone, Copy)]
 struct Lost {
     position: u64,

@@ -35,8 +35,8 @@ impl Volume {
     }
 
     /// Plans a read under the lock: copies what is in RAM (staging, the record in flight),
-    /// notes where the rest lives, and registers the misses as fills (a write or trim of
-    /// the block meanwhile cancels its admission).
+    /// notes where the rest lives, and registers the misses as fills (a write of the block,
+    /// or its loss, meanwhile cancels its admission; a trim does not need to).
     fn plan_read(&self, first: u64, buf: &mut [u8]) -> Result<Vec<Source>> {
         let bs = self.bs;
         let nblocks = buf.len() / bs;
@@ -125,10 +125,10 @@ impl Volume {
         retry
     }
 
-    /// Under the lock: admits the misses read (if `admit`, and no write or trim cancelled
-    /// the fill), and confirms each cache hit is still current, adding those that are not to
-    /// `retry` (a slot can hold another copy of the same block a lap later; a position
-    /// cannot, so "still current" is "the index names the same position").
+    /// Under the lock: admits the misses read (if `admit`, no write or loss cancelled the
+    /// fill, and the block is not lost), and confirms each cache hit is still current, adding
+    /// those that are not to `retry` (a slot can hold another copy of the same block a lap
+    /// later; a position cannot, so "still current" is "the index names the same position").
     fn admit_and_confirm(&self, first: u64, plan: &[Source], buf: &[u8], admit: bool, retry: &mut Vec<usize>) {
         let bs = self.bs;
         let mut st = self.lock();

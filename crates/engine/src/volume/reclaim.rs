@@ -6,7 +6,8 @@
 use super::*;
 
 impl Volume {
-    /// Frees at least `need` blocks at the head of the log (io lock held).
+    /// Frees the head of the log until `need` blocks are free at the tail (at least a
+    /// segment's worth, never past the tail), io lock held.
     pub(super) fn reclaim(&self, io: &mut IoBuffers, need: u64) -> Result<()> {
         let started = std::time::Instant::now();
         let (head, tail, mut checkpoint) = {

@@ -1,9 +1,9 @@
 //! Write-back (destage): dirty blocks copied to the backing device in batches sorted by
 //! address, flushed there, and only then marked clean, exactly the versions written
-//! (docs/format.md §4.3). Three callers pick the batches: the elevator (`destage_step`),
-//! the head pre-cleaner (`preclean`: the blocks reclaim would otherwise meet dirty) and
-//! `write_back_all` (the online and offline flush). Reclaim calls it too when it meets a
-//! mostly dirty window.
+//! (docs/format.md §4.3). Three callers here pick the batches: the elevator
+//! (`destage_step`), the head pre-cleaner (`preclean`: the blocks reclaim would otherwise
+//! meet dirty) and `write_back_all` (the online and offline flush). Reclaim calls it too when
+//! it meets a mostly dirty window, and so does open's `restore_reclaim_reserve`.
 
 use super::*;
 
@@ -86,7 +86,7 @@ impl Volume {
     /// and verify; write in address order, merging neighbours; flush the backing device; only
     /// then mark clean and queue MarkClean entries.
     ///
-    /// The rule (docs/format.md, "write-back and mark-clean"): a write-back marks clean
+    /// The rule (docs/format.md 4.3, "the mark-clean rule"): a write-back marks clean
     /// exactly the versions it wrote, named by the log positions captured when the batch was
     /// taken, in RAM and in the MarkClean entry. The backing flush can take seconds, long
     /// enough for the log to lap and a newer version of the same block to land in the same
@@ -141,7 +141,7 @@ impl Volume {
                 let current = st.index.get(p.block);
                 let still = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
                 if !still {
-                    continue; // overwritten or trimmed meanwhile: its newer version is handled later
+                    continue; // overwritten, moved, lost or repaired meanwhile: not this batch's
                 }
                 if checksum(&data[i * bs..(i + 1) * bs]) != p.entry.crc {
                     suspects.push(*p);
