@@ -67,7 +67,7 @@ pub struct SuperblockDisk {
     pub fingerprint_next: [U32; FINGERPRINT_BLOCKS],
     /// Bit i: `fingerprint_next[i]` is valid.
     pub fingerprint_flags: U32,
-    /// Destaging starts above `high`, stops below `low`; per mille of the log.
+    /// Destaging starts above `high` and stops at or below `low`; per mille of the log.
     pub dirty_low_permille: U16,
     pub dirty_high_permille: U16,
     /// Seconds since the epoch at format time (informational).
