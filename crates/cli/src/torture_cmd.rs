@@ -151,6 +151,7 @@ struct ConcurrentSummary {
     records_written: u64,
     destaged_blocks: u64,
     copied_forward_blocks: u64,
+    written_around_blocks: u64,
     checkpoints: u64,
     log_laps: u64,
     violations: Vec<tiercache_sim::Violation>,
@@ -190,6 +191,7 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
         s.records_written += r.records_written;
         s.destaged_blocks += r.destaged_blocks;
         s.copied_forward_blocks += r.copied_forward_blocks;
+        s.written_around_blocks += r.written_around_blocks;
         s.checkpoints += r.checkpoints;
         s.log_laps += r.log_laps;
         if s.violations.len() < 20 {
@@ -204,8 +206,8 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
             s.seeds, s.first_seed, s.cycles, s.crashes_during_recovery, s.clean_shutdowns, s.operations, s.scheduling_steps
         );
         println!(
-            "engine: {} records, {} blocks written back, {} copied forward, {} checkpoints, {} log laps; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
-            s.records_written, s.destaged_blocks, s.copied_forward_blocks, s.checkpoints, s.log_laps, s.corruptions, s.lost_block_errors
+            "engine: {} records, {} blocks written back, {} copied forward, {} written around, {} checkpoints, {} log laps; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
+            s.records_written, s.destaged_blocks, s.copied_forward_blocks, s.written_around_blocks, s.checkpoints, s.log_laps, s.corruptions, s.lost_block_errors
         );
         println!("{} seeds passed, {} failed", s.seeds - s.failed_seeds.len() as u64, s.failed_seeds.len());
         for v in &s.violations {

@@ -360,6 +360,10 @@ impl<D: BlockDevice> BlockDevice for EmulatedDevice<D> {
     fn identity(&self) -> Option<String> {
         self.inner.identity()
     }
+
+    fn atomic_write_bytes(&self) -> u32 {
+        self.inner.atomic_write_bytes()
+    }
 }
 
 /// Waits until `deadline` with an accuracy of a few microseconds: sleeps while the deadline

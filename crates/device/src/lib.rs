@@ -69,6 +69,11 @@ pub trait BlockDevice: Send + Sync {
     fn identity(&self) -> Option<String> {
         None
     }
+    /// The largest aligned write a power loss cannot tear: each aligned unit of this many
+    /// bytes of a write lands whole or not at all. 512 (a sector) unless the device says more.
+    fn atomic_write_bytes(&self) -> u32 {
+        512
+    }
 }
 
 /// Validates a request against a device's geometry. Every implementation calls it first,
@@ -114,6 +119,9 @@ macro_rules! forward_block_device {
             }
             fn identity(&self) -> Option<String> {
                 (**self).identity()
+            }
+            fn atomic_write_bytes(&self) -> u32 {
+                (**self).atomic_write_bytes()
             }
         }
     };

@@ -10,8 +10,9 @@
 //!
 //! Faults: random error rates per operation kind, a countdown that fails the N-th matching
 //! operation (once, or for ever: the device vanishes), all seeded and so reproducible. A
-//! failed write has unspecified effect: reads keep seeing the old data, and at a crash the
-//! write may still land, whole or torn.
+//! failed write has unspecified effect: reads keep seeing the old data until the next flush,
+//! which settles it (landed or not, in its place among the writes before that flush); a crash
+//! before that may still apply it, whole or torn.
 //!
 //! Time: an optional [`SimClock`] advances by a fixed cost per operation (virtual time).
 
@@ -92,7 +93,8 @@ pub struct SimLatency {
 struct PendingWrite {
     offset: u64,
     data: Vec<u8>,
-    /// The write failed: it never became visible, but may still land at a crash.
+    /// The write failed: it never became visible, but may still land, at a crash or at the
+    /// next flush (which settles it either way).
     failed: bool,
 }
 
@@ -112,6 +114,8 @@ pub struct SimDevice {
     name: String,
     size_bytes: u64,
     logical_block_size: u32,
+    /// The unit a crash tears a write at (`SECTOR_SIZE` unless `with_atomic_write`).
+    atomic_write_bytes: u32,
     clock: SimClock,
     latency: SimLatency,
     state: Mutex<SimState>,
@@ -131,6 +135,7 @@ impl SimDevice {
             name: "sim".into(),
             size_bytes: image.len() as u64,
             logical_block_size,
+            atomic_write_bytes: SECTOR_SIZE,
             clock: SimClock::new(),
             latency: SimLatency::default(),
             state: Mutex::new(SimState {
@@ -146,6 +151,15 @@ impl SimDevice {
 
     pub fn with_name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self
+    }
+
+    /// A device whose aligned writes of `bytes` are never torn by a crash (a 4Kn disk).
+    pub fn with_atomic_write(mut self, bytes: u32) -> Self {
+        assert!(
+            bytes.is_power_of_two() && bytes >= SECTOR_SIZE && bytes <= self.logical_block_size.max(SECTOR_SIZE) * 16
+        );
+        self.atomic_write_bytes = bytes;
         self
     }
 
@@ -227,7 +241,7 @@ impl SimDevice {
         // One policy per crash, so that seeds explore the extremes (all lost, all applied)
         // as well as mixtures, instead of always a 50/50 blend.
         let policy = rng.gen_range(0..4u8);
-        let sector = SECTOR_SIZE as usize;
+        let sector = self.atomic_write_bytes as usize;
         let mut s = self.lock();
         let pending = std::mem::take(&mut s.pending);
         let mut report = CrashReport { pending: pending.len(), ..CrashReport::default() };
@@ -354,19 +368,38 @@ impl BlockDevice for SimDevice {
         self.clock.advance_ns(self.latency.flush_ns);
         let mut s = self.lock();
         self.inject(&mut s, OpKind::Flush)?;
+        // Every write issued before the flush is settled now, in order: a failed one either
+        // landed or not (decided here, never later: a device cannot apply it over data
+        // written and flushed after it).
         let pending = std::mem::take(&mut s.pending);
-        let mut kept = Vec::new();
+        let mut landed = Vec::with_capacity(pending.len());
+        let mut failed_landed = false;
         for w in pending {
             if w.failed {
-                kept.push(w); // its fate stays open until a crash
-            } else {
+                if s.fault_rng.gen_bool(0.5) {
+                    continue;
+                }
+                failed_landed = true;
+            }
+            landed.push(w);
+        }
+        for w in &landed {
+            let start = usize::try_from(w.offset).expect("fits");
+            s.durable[start..start + w.data.len()].copy_from_slice(&w.data);
+        }
+        if failed_landed {
+            // Reads see it too now (in order: later writes still win).
+            for w in &landed {
                 let start = usize::try_from(w.offset).expect("fits");
-                s.durable[start..start + w.data.len()].copy_from_slice(&w.data);
+                s.current[start..start + w.data.len()].copy_from_slice(&w.data);
             }
         }
-        s.pending = kept;
         s.stats.flushes += 1;
         Ok(())
+    }
+
+    fn atomic_write_bytes(&self) -> u32 {
+        self.atomic_write_bytes
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {

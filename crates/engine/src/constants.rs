@@ -33,6 +33,14 @@ pub const PRECLEAN_HORIZON_MS: u64 = 1000;
 pub const PRECLEAN_BATCHES_PER_TICK: usize = 4;
 
 /// Read requests larger than this bypass admission (sequential scans do not flush the cache).
+/// Writes of at least this many bytes go around the cache, straight to the backing device,
+/// while the cache holds more dirty data than its high watermark (write-around).
+pub const WRITE_AROUND_MIN_BYTES: u64 = 128 * 1024;
+/// While a write went around in the last this many milliseconds, background write-back above
+/// the high watermark pauses (the backing device is the writer's)...
+pub const WRITE_AROUND_YIELD_MS: u64 = 100;
+/// ...unless dirty data fills more than this share of the log (per mille).
+pub const WRITE_AROUND_YIELD_MAX_PERMILLE: u64 = 900;
 pub const ADMIT_MAX_REQUEST_BYTES: u64 = 256 * 1024;
 
 /// The background thread's period.

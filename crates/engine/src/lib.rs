@@ -32,7 +32,7 @@ pub use index::{index_ram_bytes, IndexEntry};
 pub use open::{create, read_superblock, CreateOptions, OpenReport, ReplayEnd, ReplayStop};
 #[cfg(feature = "testing")]
 pub use sabotage::Sabotage;
-pub use volume::{Counters, Volume, VolumeOptions};
+pub use volume::{Counters, Volume, VolumeOptions, WriteAroundPolicy};
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};

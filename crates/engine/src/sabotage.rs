@@ -24,17 +24,21 @@ pub enum Sabotage {
     /// Issue 7, bug 3: records written after a recovery keep the recovered epoch, so one
     /// can be byte-identical to a record written before the crash.
     NoRecoveryEpoch,
+    /// Write-around: Trim entries, checkpoints and reclaim records record the drop of older
+    /// copies without the backing flush that makes the written-around data durable first.
+    WriteAroundSkipsBackingFlush,
 }
 
 #[cfg(feature = "testing")]
 impl Sabotage {
-    pub const ALL: [Sabotage; 6] = [
+    pub const ALL: [Sabotage; 7] = [
         Sabotage::FlushSkipsCacheFlush,
         Sabotage::ReclaimSkipsMarkerFlush,
         Sabotage::DestageSkipsBackingFlush,
         Sabotage::MarkCleanBySlot,
         Sabotage::LostInRamOnly,
         Sabotage::NoRecoveryEpoch,
+        Sabotage::WriteAroundSkipsBackingFlush,
     ];
 
     pub fn name(self) -> &'static str {
@@ -46,6 +50,7 @@ impl Sabotage {
             Sabotage::MarkCleanBySlot => "mark-clean-by-slot",
             Sabotage::LostInRamOnly => "lost-in-ram-only",
             Sabotage::NoRecoveryEpoch => "no-recovery-epoch",
+            Sabotage::WriteAroundSkipsBackingFlush => "write-around-skips-backing-flush",
         }
     }
 }

@@ -27,7 +27,11 @@ impl Volume {
             }
             st.destaging
         };
-        if active {
+        if active && self.write_around_has_the_backing_device() {
+            // Write-back above the high watermark makes room for writes; writes going around
+            // need none, and the backing device is theirs (write_around.rs).
+            Ok(())
+        } else if active {
             self.write_back_above_watermark(low)
         } else {
             self.preclean_below_watermark()

@@ -10,7 +10,13 @@ impl Volume {
         // The records the checkpoint summarises must be durable before it is: otherwise the
         // device could keep the checkpoint and drop a record whose data it points at.
         self.flush_cache(false)?;
-        let (snapshot, tombstones, header) = self.checkpoint_snapshot()?;
+        let (snapshot, tombstones, header) = {
+            // The checkpoint omits the blocks written around: those writes must be on the
+            // backing device first, and none may slip in before the snapshot (write_around.rs).
+            let _around = self.lock_around();
+            self.settle_write_around()?;
+            self.checkpoint_snapshot()?
+        };
         let (buf, header) = self.encode_checkpoint(&snapshot, &tombstones, header);
         let area = self.layout.checkpoint_area_start[(header.sequence % 2) as usize];
         self.cache_io("writing a checkpoint", self.cache.write_at(area * self.bs as u64, &buf))?;

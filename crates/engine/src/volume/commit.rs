@@ -25,10 +25,12 @@ impl Volume {
             st.sealed + u64::from(st.staging.has_dirty())
         };
         let mut io = self.lock_io();
+        // Writes that went around the cache: a backing flush, then their Trim entries.
+        let trims = self.stage_write_around_trims(&mut io)?;
         {
             let st = self.lock();
             st.check_poisoned()?;
-            if st.durable_sealed >= target {
+            if st.durable_sealed >= target && !trims {
                 return Ok(()); // a flush that started after our writes already covered them
             }
         }

@@ -21,6 +21,10 @@ impl Volume {
             (first..end).filter(|&b| st.index.get(b).is_some_and(|e| !e.dirty)).collect()
         };
         for b in clean {
+            if let Some(e) = st.index.get(b) {
+                let position = self.position_of(&st, &e);
+                st.around.dropped_without_record(b, position);
+            }
             st.index.remove(b);
             st.counters.evicted_blocks += 1;
         }

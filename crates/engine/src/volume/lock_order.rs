@@ -14,6 +14,7 @@ use std::ops::{Deref, DerefMut};
 pub(super) enum Rank {
     Rmw,
     Io,
+    Around,
     Destage,
     State,
     Superblock,
@@ -43,7 +44,7 @@ mod held {
             if let Some(top) = top {
                 assert!(
                     top < rank,
-                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> destage -> state -> superblock)"
+                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> around -> destage -> state -> superblock)"
                 );
             }
         });

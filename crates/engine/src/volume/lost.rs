@@ -83,6 +83,7 @@ impl Volume {
     /// the copy is found bad and checked against the backing device again.
     pub(super) fn repaired_from_backing(&self, st: &mut State, block: u64, position: u64) {
         st.index.remove(block);
+        st.around.dropped_without_record(block, position);
         st.counters.repaired_blocks += 1;
         tracing::warn!(block, position, "dirty block failed its checksum but the backing device holds that version");
     }

@@ -69,7 +69,10 @@ mod reclaim;
 mod staging;
 mod status;
 mod write;
+mod write_around;
 mod writeback;
+
+pub use write_around::WriteAroundPolicy;
 
 pub(crate) use log_io::read_log;
 
@@ -82,7 +85,7 @@ use crate::index::{Index, IndexEntry};
 use crate::sabotage::sabotaged;
 use serde::Serialize;
 use staging::Staging;
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, MutexGuard};
 use tiercache_device::{AlignedBuf, BlockDevice, Clock, DeviceError};
@@ -104,6 +107,8 @@ pub struct VolumeOptions {
     /// Dirty watermarks (low, high) in per mille of the log for this run, instead of the ones
     /// recorded at format (`serve --dirty-low/--dirty-high` or its config file).
     pub dirty_watermarks_permille: Option<(u16, u16)>,
+    /// When writes bypass the cache and go straight to the backing device (write-around).
+    pub write_around: WriteAroundPolicy,
     /// Test machinery: a deliberately broken commit order (the `testing` feature).
     #[cfg(feature = "testing")]
     pub sabotage: crate::Sabotage,
@@ -115,6 +120,7 @@ impl Default for VolumeOptions {
             admit_max_request_bytes: ADMIT_MAX_REQUEST_BYTES,
             checkpoint_interval_permille: CHECKPOINT_INTERVAL_PERMILLE,
             dirty_watermarks_permille: None,
+            write_around: WriteAroundPolicy::default(),
             #[cfg(feature = "testing")]
             sabotage: crate::Sabotage::None,
         }
@@ -158,6 +164,9 @@ pub struct Counters {
     pub checkpoints: u64,
     pub repaired_blocks: u64,
     pub throttled_writes: u64,
+    /// Blocks written straight to the backing device (write-around).
+    #[serde(default)]
+    pub written_around_blocks: u64,
 }
 
 struct State {
@@ -204,6 +213,8 @@ struct State {
     age_samples: VecDeque<(u64, u64)>,
     counters: Counters,
     destaging: bool,
+    /// Writes that went around the cache and what they still owe (see `write_around.rs`).
+    around: write_around::Around,
 }
 
 impl State {
@@ -298,6 +309,8 @@ pub struct Volume {
     staging_limit: usize,
     /// The destager's lock; holds the elevator cursor.
     destage: Mutex<u64>,
+    /// The write-around lock (see `lock_around`).
+    around: Mutex<()>,
     state: Mutex<State>,
     superblock: Mutex<Superblock>,
     /// Serialises read-modify-write of partial blocks (`write_bytes`).
@@ -366,6 +379,7 @@ impl Volume {
             }),
             staging_limit,
             destage: Mutex::new(0),
+            around: Mutex::new(()),
             state: Mutex::new(State {
                 index: r.index,
                 staging: Staging::new(bs, staging_limit),
@@ -396,6 +410,7 @@ impl Volume {
                 age_samples: VecDeque::new(),
                 counters: Counters::default(),
                 destaging: false,
+                around: write_around::Around::default(),
             }),
             dirty_low_blocks: layout.log_blocks * u64::from(watermarks.0) / 1000,
             dirty_high_blocks: layout.log_blocks * u64::from(watermarks.1) / 1000,
@@ -436,6 +451,12 @@ impl Volume {
     /// record write).
     fn try_lock_io(&self) -> Option<lock_order::Ranked<MutexGuard<'_, IoBuffers>>> {
         lock_order::try_ranked(self.lock_owner(), lock_order::Rank::Io, || self.io.try_lock().ok())
+    }
+
+    /// The write-around lock: one write-around at a time, and none between the backing
+    /// flush that settles them and the checkpoint or reclaim record that relies on it.
+    fn lock_around(&self) -> lock_order::Ranked<MutexGuard<'_, ()>> {
+        lock_order::ranked(self.lock_owner(), lock_order::Rank::Around, || self.around.lock().expect("around lock"))
     }
 
     /// The destager's lock (its content is the elevator cursor).

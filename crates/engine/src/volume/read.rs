@@ -138,7 +138,7 @@ impl Volume {
             match src {
                 Source::Backing => {
                     let cancelled = st.end_fill(block);
-                    if admit && !cancelled && !st.lost.contains_key(&block) {
+                    if admit && !cancelled && !st.lost.contains_key(&block) && st.around.admissible(block) {
                         let data = &buf[i * bs..(i + 1) * bs];
                         if st.staging.put(block, EntryKind::DataClean, data, checksum(data), now) {
                             st.counters.admitted_blocks += 1;

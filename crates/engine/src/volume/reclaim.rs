@@ -40,7 +40,14 @@ impl Volume {
         if unlogged + copies.len() > RECORD_ENTRIES && !sabotaged!(self, LostInRamOnly) {
             self.checkpoint_locked()?;
         }
-        let (pos, blocks) = self.seal_reclaim_record(io, &live, &copies, head, new_head);
+        let (pos, blocks) = {
+            // Write-arounds dropped older copies that this record may leave behind the head:
+            // they must be on the backing device first, and none may slip in before the
+            // record is sealed (write_around.rs).
+            let _around = self.lock_around();
+            self.settle_write_around()?;
+            self.seal_reclaim_record(io, &live, &copies, head, new_head)
+        };
         let result = self.write_log(pos, &io.copy[..blocks as usize * self.bs]);
         self.cache_io("writing a reclaim record", result)?;
         self.lock().written_tail = pos + blocks;
@@ -149,6 +156,8 @@ impl Volume {
             if let Some(old) = st.index.remove_if_slot(p.block, p.entry.slot) {
                 assert!(!old.dirty, "block {} still dirty at reclaim", p.block);
                 st.counters.evicted_blocks += 1;
+                // (Replayed until this record is durable: see `Around`.)
+                st.around.dropped_without_record(p.block, p.position);
             }
         }
         st.counters.reclaimed_blocks += new_head - head;
@@ -204,6 +213,7 @@ impl Volume {
     /// where reclaim read it now lives at its new slot.
     fn finish_reclaim(&self, st: &mut State, head: u64, new_head: u64, copies: &[Picked], pos: u64) {
         st.head = new_head;
+        st.around.head_moved(new_head);
         for (k, p) in copies.iter().enumerate() {
             if let Some(current) = st.index.get(p.block) {
                 if current.slot == p.entry.slot {

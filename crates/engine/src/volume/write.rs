@@ -7,6 +7,9 @@ impl Volume {
     /// Writes whole blocks. Complete on return; durable after the next `flush`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_request(offset, data.len() as u64)?;
+        if self.try_write_around(offset, data)? {
+            return Ok(());
+        }
         self.backpressure();
         let first = offset / self.bs as u64;
         for (i, chunk) in data.chunks(self.bs).enumerate() {
@@ -19,6 +22,7 @@ impl Volume {
                 st.cancel_fill(block);
                 // A lost block stays lost until this write is in a written record (see `Lost`).
                 if st.staging.put(block, EntryKind::DataDirty, chunk, crc, now) {
+                    st.around.written_through(block);
                     st.counters.written_blocks += 1;
                     break;
                 }

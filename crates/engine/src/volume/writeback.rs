@@ -103,12 +103,32 @@ impl Volume {
         if !keep.iter().any(|&k| k) {
             return Ok(0);
         }
+        let result = self.write_back_kept(&blocks, &data, &keep, started);
+        if result.is_err() {
+            // (On success `mark_written_clean` ended the batch under its lock.)
+            let mut st = self.lock();
+            for (p, _) in blocks.iter().zip(&keep).filter(|(_, &k)| k) {
+                st.around.in_batch.remove(&p.block);
+            }
+        }
+        result
+    }
+
+    /// `destage_blocks` after verification: the kept blocks to the backing device, flushed,
+    /// then marked clean.
+    fn write_back_kept(
+        &self,
+        blocks: &[Picked],
+        data: &[u8],
+        keep: &[bool],
+        started: std::time::Instant,
+    ) -> Result<usize> {
         // The versions about to reach the backing device must be durable in the cache's log
         // first: otherwise a crash could keep them on the backing device while the cache
         // recovers an older version as clean, and the block would later change by itself.
         self.cache_io("flushing the cache device before write-back", self.cache.flush())?;
-        let fingerprints = self.begin_fingerprint_update(&blocks, &data, &keep)?;
-        let written = self.write_runs(&blocks, &data, &keep)?;
+        let fingerprints = self.begin_fingerprint_update(blocks, data, keep)?;
+        let written = self.write_runs(blocks, data, keep)?;
         if !sabotaged!(self, DestageSkipsBackingFlush) {
             self.backing.flush().map_err(EngineError::backing)?;
         }
@@ -117,7 +137,7 @@ impl Volume {
         }
         let mut st = self.lock();
         st.counters.backing_flushes += 1;
-        self.mark_written_clean(&mut st, &blocks, &keep);
+        self.mark_written_clean(&mut st, blocks, keep);
         tracing::debug!(
             picked = blocks.len(),
             written,
@@ -136,18 +156,19 @@ impl Volume {
         let mut keep = vec![false; blocks.len()];
         let mut suspects = Vec::new();
         {
-            let st = self.lock();
+            let mut st = self.lock();
             for (i, p) in blocks.iter().enumerate() {
                 let current = st.index.get(p.block);
                 let still = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
-                if !still {
-                    continue; // overwritten, moved, lost or repaired meanwhile: not this batch's
+                if !still || !st.around.batch_may_write(p.block) {
+                    continue; // overwritten, moved, lost, repaired or written around meanwhile
                 }
                 if checksum(&data[i * bs..(i + 1) * bs]) != p.entry.crc {
                     suspects.push(*p);
                     continue;
                 }
                 keep[i] = true;
+                st.around.in_batch.insert(p.block);
             }
         }
         let mut scratch = AlignedBuf::new(bs);
@@ -238,6 +259,7 @@ impl Volume {
             if !keep[i] {
                 continue;
             }
+            st.around.in_batch.remove(&p.block);
             let (marked, ref_position) = if sabotaged!(self, MarkCleanBySlot) {
                 // The old, broken rule: whatever now sits in the slot read, named by the
                 // current tail.
