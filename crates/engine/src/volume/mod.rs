@@ -16,6 +16,9 @@
 //!   device;
 //! - `discard.rs`: TRIM;
 //! - `writeback.rs`: write-back (destage) in batches, the head pre-cleaner, `write_back_all`;
+//! - `write_around.rs`: large writes straight to the backing device while destage-bound, and
+//!   what they owe (a backing flush, Trim entries) before anything records the drop of the
+//!   older copies;
 //! - `background.rs`: the background round (staging age, watermarks, pre-cleaning) and write
 //!   backpressure;
 //! - `log_io.rs`: reading and writing log positions (wrap-around, runs of slots);
@@ -34,7 +37,9 @@
 //!
 //! Locks, always taken in this order: `rmw` (read-modify-write of partial blocks),
 //! `io` (the log writer: one record write, reclaim or checkpoint at a time, in sequence
-//! order), `destage` (one write-back batch at a time, so a block is never written back twice
+//! order), `around` (one write-around at a time, and none between the backing flush that
+//! settles them and the checkpoint or reclaim record relying on it: `write_around.rs`),
+//! `destage` (one write-back batch at a time, so a block is never written back twice
 //! concurrently), `state` (index, staging, positions; never held across I/O). The
 //! superblock's lock is a leaf: taken last (the destager takes it under the destage lock),
 //! never held while another is taken.
