@@ -126,7 +126,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 16] = [
+        let counters: [(&str, &str, u64); 17] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -136,6 +136,11 @@ impl Collector for VolumeCollector {
             ("evicted_blocks", "Clean blocks evicted by reclaim", c.evicted_blocks),
             ("written_back_blocks", "Dirty blocks written back to the backing device", c.destaged_blocks),
             ("copied_forward_blocks", "Dirty blocks reclaim moved to the log tail instead", c.copied_forward_blocks),
+            (
+                "written_around_blocks",
+                "Blocks written straight to the backing device (write-around while destage-bound)",
+                c.written_around_blocks,
+            ),
             ("records_written", "Log records written to the cache device", c.records_written),
             ("cache_flushes", "Flushes of the cache device", c.cache_flushes),
             ("backing_flushes", "Flushes of the backing device", c.backing_flushes),

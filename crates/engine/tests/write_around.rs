@@ -152,7 +152,10 @@ fn a_checkpoint_after_a_write_around_flushes_the_backing_device_first() {
     volume.write(X * BS as u64, &stamps(X, AROUND, 2)).unwrap();
     let b0 = backing.stats();
     volume.checkpoint().unwrap();
-    assert!(delta(backing.stats(), b0).2 >= 1, "the checkpoint omits the dropped copies: the backing flush comes first");
+    assert!(
+        delta(backing.stats(), b0).2 >= 1,
+        "the checkpoint omits the dropped copies: the backing flush comes first"
+    );
     // A power cut right after the checkpoint (no FLUSH, no Trim yet): the checkpoint no
     // longer names version 1, and version 2 is durable on the backing device.
     let after = power_cut(&cache, &backing);

@@ -1,0 +1,1142 @@
+//! Adversarial review of write-around (issue 13, commit a38dc53): large writes that go straight
+//! to the backing device while the cache is destage-bound, their backing flush ("settle") and
+//! the Trim entries that end the older cached copies. Each test is one suspicion, made
+//! deterministic with a device wrapper (`Dev`, below) that holds one read, write or flush at a
+//! gate, runs an action on another thread at a chosen I/O, or fails a flush the way Linux
+//! does (the dirty data it could not write is dropped, and the error is reported once).
+//!
+//! Tests marked `#[ignore = "BUG: ..."]` fail on a38dc53: each names the broken contract and the
+//! place in the code. The others pin behaviour that the attack did not break.
+//!
+//! Blocks used: 40 and up (the backing device's fingerprint blocks are 0, 1, 16 and the last).
+//! Versions: 0 is the backing device's initial content, 1 the older cached copy, 2 the data
+//! written around, 3 a rewrite through the cache.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::Duration;
+use tiercache_device::{BlockDevice, FailMode, MonotonicClock, OpKind, SimDevice};
+use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions, WriteAroundPolicy};
+use tiercache_format::Layout;
+
+mod common;
+use common::*;
+
+// ------------------------------------------------------------------------------------------
+// Devices and volumes.
+
+/// The I/O kinds `Dev` can act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Op {
+    Read,
+    Write,
+    Flush,
+}
+
+type Pred = Box<dyn FnMut(Op, u64, usize) -> bool + Send>;
+type Action = Box<dyn FnOnce() + Send>;
+
+#[derive(Default)]
+struct DevState {
+    /// Hold the first I/O this accepts until `release`.
+    hold: Option<Pred>,
+    held: bool,
+    open: bool,
+    /// Run the action on another thread at the first I/O the predicate accepts (before the
+    /// I/O reaches the medium); the I/O waits for it up to a second.
+    hook: Option<(Pred, Action)>,
+    /// The next flush fails as Linux's fdatasync does after a write-back error: the writes it
+    /// could not make durable are gone, and the error is reported once (the next flush
+    /// succeeds).
+    fsyncgate: bool,
+}
+
+/// A SimDevice wrapper for deterministic races and faults (see the module header). Unlike
+/// `common::Gate` it forwards `atomic_write_bytes`, so a volume on it may write around.
+struct Dev {
+    inner: Arc<SimDevice>,
+    st: Mutex<DevState>,
+    cv: Condvar,
+}
+
+fn covers(offset: u64, len: usize, block: u64) -> bool {
+    let at = block * BS as u64;
+    offset <= at && at < offset + len as u64
+}
+
+/// A seed for which `SimDevice::crash` drops every pending write (policy 0).
+fn drop_all_seed() -> u64 {
+    (0..).find(|&s| ChaCha8Rng::seed_from_u64(s).gen_range(0..4u8) == 0).expect("a seed")
+}
+
+impl Dev {
+    fn new(inner: &Arc<SimDevice>) -> Arc<Dev> {
+        Arc::new(Dev { inner: Arc::clone(inner), st: Mutex::new(DevState::default()), cv: Condvar::new() })
+    }
+
+    fn hold(&self, pred: impl FnMut(Op, u64, usize) -> bool + Send + 'static) {
+        let mut g = self.st.lock().unwrap();
+        g.hold = Some(Box::new(pred));
+        g.held = false;
+        g.open = false;
+    }
+
+    fn hold_write_of(&self, block: u64) {
+        self.hold(move |op, off, len| op == Op::Write && covers(off, len, block));
+    }
+
+    fn hold_read_of(&self, block: u64) {
+        self.hold(move |op, off, len| op == Op::Read && covers(off, len, block));
+    }
+
+    fn hold_next_flush(&self) {
+        self.hold(|op, _, _| op == Op::Flush);
+    }
+
+    /// Waits until the armed I/O is held; false if it never came within `secs`.
+    fn wait_held_for(&self, secs: u64) -> bool {
+        let mut g = self.st.lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+        while !g.held {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            g = self.cv.wait_timeout(g, left).unwrap().0;
+        }
+        true
+    }
+
+    fn wait_held(&self) {
+        assert!(self.wait_held_for(60), "the held I/O never came");
+    }
+
+    fn release(&self) {
+        let mut g = self.st.lock().unwrap();
+        g.open = true;
+        g.hold = None;
+        self.cv.notify_all();
+    }
+
+    fn on(&self, pred: impl FnMut(Op, u64, usize) -> bool + Send + 'static, action: impl FnOnce() + Send + 'static) {
+        self.st.lock().unwrap().hook = Some((Box::new(pred), Box::new(action)));
+    }
+
+    fn fsyncgate_next_flush(&self) {
+        self.st.lock().unwrap().fsyncgate = true;
+    }
+
+    fn gate(&self, op: Op, offset: u64, len: usize) {
+        let action = {
+            let mut g = self.st.lock().unwrap();
+            let fire = g.hook.as_mut().is_some_and(|(p, _)| p(op, offset, len));
+            if fire {
+                g.hook.take().map(|(_, a)| a)
+            } else {
+                None
+            }
+        };
+        if let Some(f) = action {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                f();
+                let _ = tx.send(());
+            });
+            let _ = rx.recv_timeout(Duration::from_secs(1));
+        }
+        let mut g = self.st.lock().unwrap();
+        let matches = g.hold.as_mut().is_some_and(|p| p(op, offset, len));
+        if !matches {
+            return;
+        }
+        g.hold = None;
+        g.held = true;
+        self.cv.notify_all();
+        while !g.open {
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+}
+
+impl BlockDevice for Dev {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
+        self.gate(Op::Read, offset, buf.len());
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
+        self.gate(Op::Write, offset, buf.len());
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> tiercache_device::Result<()> {
+        self.gate(Op::Flush, 0, 0);
+        let gate = std::mem::take(&mut self.st.lock().unwrap().fsyncgate);
+        if gate {
+            // The page cache dropped the dirty pages it failed to write; the error is
+            // reported to this flush only.
+            self.inner.crash(drop_all_seed());
+            self.inner.fail_after(Some(OpKind::Flush), 0, FailMode::Once);
+        }
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn describe(&self) -> String {
+        format!("dev:{}", self.inner.describe())
+    }
+    fn atomic_write_bytes(&self) -> u32 {
+        self.inner.atomic_write_bytes()
+    }
+}
+
+/// A cache of `log_segments` segments of 8 blocks and a backing device of `blocks` blocks
+/// (stamped version 0) that never tears a 4 KiB block (so that write-around is allowed).
+fn wa_devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>) {
+    let log_blocks = log_segments * 8;
+    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
+    let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
+    let backing = Arc::new(atomic_backing(stamps(0, blocks, 0)));
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).expect("create");
+    (cache, backing)
+}
+
+fn atomic_backing(image: Vec<u8>) -> SimDevice {
+    SimDevice::from_image(image, BS as u32).with_name("backing").with_atomic_write(BS as u32)
+}
+
+/// Writes of two blocks or more go around, whatever the dirty level.
+fn wa_options() -> VolumeOptions {
+    VolumeOptions {
+        write_around: WriteAroundPolicy { min_bytes: 2 * BS as u64, only_when_destage_bound: false },
+        ..VolumeOptions::default()
+    }
+}
+
+fn open_wa(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Volume {
+    Volume::open(cache, backing, Arc::new(MonotonicClock::new()), wa_options()).expect("open").0
+}
+
+/// A power cut now: the volume recovered from both devices' durable images (write-around
+/// still enabled), and the fresh devices under it (for a second power cut).
+fn crash_and_recover(cache: &SimDevice, backing: &SimDevice) -> (Volume, Arc<SimDevice>, Arc<SimDevice>) {
+    recover_images(cache.durable_image(), backing.durable_image())
+}
+
+fn recover_images(cache_image: Vec<u8>, backing_image: Vec<u8>) -> (Volume, Arc<SimDevice>, Arc<SimDevice>) {
+    let cache = Arc::new(SimDevice::from_image(cache_image, BS as u32).with_name("cache"));
+    let backing = Arc::new(atomic_backing(backing_image));
+    let v = open_wa(cache.clone(), backing.clone());
+    (v, cache, backing)
+}
+
+fn around(v: &Volume) -> u64 {
+    v.status().counters.written_around_blocks
+}
+
+/// Writes blocks `first..first + n` stamped with `version` in one request (two blocks or more
+/// may go around).
+fn write_n(v: &Volume, first: u64, n: u64, version: u64) -> Result<(), EngineError> {
+    v.write(first * BS as u64, &stamps(first, n, version))
+}
+
+/// The version a read of `block` returns (panics on an error or a torn or foreign block).
+fn ver(v: &Volume, block: u64) -> u64 {
+    match read_version(v, block) {
+        Ok(Some(x)) => x,
+        other => panic!("block {block}: read {other:?}"),
+    }
+}
+
+/// Block 40 and 41 cached dirty with version 1, durable (flushed).
+fn dirty_v1(v: &Volume) {
+    write(v, 40, 1);
+    write(v, 41, 1);
+    v.flush().unwrap();
+    assert_eq!(slot_of(v, 40).map(|s| s.1), Some(true));
+}
+
+// ------------------------------------------------------------------------------------------
+// 1. Crash orderings.
+
+// Suspicion: a power cut between the backing write and its flush loses the older dirty copy.
+// It must not: nothing recorded the drop yet, so the older copy comes back dirty (and, written
+// back, it wins over whatever the backing device kept of the write-around). A second power cut
+// after recovery changes nothing.
+#[test]
+fn a_power_cut_before_the_backing_flush_brings_back_the_older_dirty_copy() {
+    for landed in [false, true] {
+        let (cache, backing) = wa_devices(32, 256);
+        let v = open_wa(cache.clone(), backing.clone());
+        dirty_v1(&v);
+        write_n(&v, 40, 2, 2).unwrap();
+        assert_eq!(around(&v), 2);
+        assert_eq!(ver(&v, 40), 2);
+        if landed {
+            backing.flush().unwrap(); // the device wrote its cache out by itself
+        }
+        let (r, c2, b2) = crash_and_recover(&cache, &backing);
+        assert_eq!(ver(&r, 40), 1, "landed {landed}");
+        let (r2, c3, b3) = crash_and_recover(&c2, &b2);
+        drop(r);
+        assert_eq!(ver(&r2, 40), 1, "second power cut, landed {landed}");
+        r2.write_back_all(1.0, |_, _| true).unwrap();
+        let (r3, _, _) = crash_and_recover(&c3, &b3);
+        assert_eq!(ver(&r3, 40), 1);
+        assert_eq!(ver(&r3, 41), 1);
+    }
+}
+
+// Suspicion: between the backing flush and the durable Trim record (FLUSH held at its cache
+// flush) a power cut may replay the older copy over data the backing device now holds durably.
+// Allowed (the FLUSH has not returned) only if the block then stays at that version: it is
+// dirty and written back, never "clean" over different backing data. After the FLUSH returns,
+// the write-around must be what survives.
+#[test]
+fn a_power_cut_between_the_backing_flush_and_the_durable_trim() {
+    let (cache, backing) = wa_devices(32, 256);
+    let gate = Dev::new(&cache);
+    let v = Arc::new(open_wa(gate.clone(), backing.clone()));
+    dirty_v1(&v);
+    write_n(&v, 40, 2, 2).unwrap();
+    gate.hold_next_flush();
+    let f = on_thread(&v, |v| v.flush());
+    gate.wait_held();
+    // The backing device holds version 2 durably; the Trim record is written, not flushed.
+    assert_eq!(backing.pending_writes(), 0);
+    let (r, c2, b2) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r, 40), 1);
+    assert_eq!(slot_of(&r, 40).map(|s| s.1), Some(true), "the older copy comes back dirty, not clean");
+    r.write_back_all(1.0, |_, _| true).unwrap();
+    assert_eq!(ver(&r, 40), 1);
+    let (r2, _, _) = crash_and_recover(&c2, &b2);
+    assert_eq!(ver(&r2, 40), 1);
+    gate.release();
+    f.join().unwrap().unwrap();
+    let (r3, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((ver(&r3, 40), ver(&r3, 41)), (2, 2));
+}
+
+// Suspicion: a checkpoint omits the blocks written around; written before their backing flush
+// it would lose the older copy while the backing device may still drop the new data. A power
+// cut while the checkpoint's settle holds the backing flush, and one after the checkpoint
+// (no FLUSH at all), must both read version 1 or 2, never the backing device's version 0.
+#[test]
+fn a_checkpoint_settles_the_write_around_before_it_omits_the_block() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    dirty_v1(&v);
+    write_n(&v, 40, 2, 2).unwrap();
+    bgate.hold_next_flush();
+    let c = on_thread(&v, |v| v.checkpoint());
+    bgate.wait_held();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r, 40), 1);
+    bgate.release();
+    c.join().unwrap().unwrap();
+    let (r2, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r2, 40), 2, "the checkpoint omits the block, so the backing device must hold version 2");
+}
+
+// Suspicion: reclaim moves the head past the older copy's position (no FLUSH since the
+// write-around) before the backing device flushed the write-around: a power cut then reads
+// the backing device's version 0, older than the flushed version 1.
+#[test]
+fn the_head_passes_the_older_copy_only_after_the_backing_flush() {
+    let (cache, backing) = wa_devices(16, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    dirty_v1(&v);
+    let (slot, _) = slot_of(&v, 40).unwrap();
+    write_n(&v, 40, 2, 2).unwrap();
+    // Through-cache writes of other blocks, no FLUSH, until the head passes block 40's copy.
+    let mut i = 0;
+    while v.log_window().0 <= u64::from(slot) {
+        write(&v, 100 + i % 100, 10 + i);
+        i += 1;
+        assert!(i < 10_000, "the head never moved");
+    }
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    let got = ver(&r, 40);
+    assert!(got == 1 || got == 2, "read version {got}");
+    let got41 = ver(&r, 41);
+    assert!(got41 == 1 || got41 == 2, "block 41 read version {got41}");
+}
+
+// Suspicion: the older dirty copy still in staging when the write-around completes is sealed
+// after it (the write-around would be undone by its own older data).
+#[test]
+fn an_older_copy_in_staging_is_dropped_by_the_write_around() {
+    let (cache, backing) = wa_devices(32, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    write(&v, 40, 1); // staged, never sealed
+    write_n(&v, 40, 2, 2).unwrap();
+    assert_eq!(around(&v), 2);
+    assert_eq!(ver(&v, 40), 2);
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((ver(&r, 40), ver(&r, 41)), (2, 2));
+}
+
+// Suspicion: the older copy in the record being written (in flight) is indexed when that
+// record completes, after the write-around, and reads then serve it.
+#[test]
+fn an_older_copy_in_the_record_in_flight_is_not_indexed_after_the_write_around() {
+    let (cache, backing) = wa_devices(32, 256);
+    let gate = Dev::new(&cache);
+    let v = Arc::new(open_wa(gate.clone(), backing.clone()));
+    write(&v, 40, 1);
+    gate.hold(|op, _, _| op == Op::Write); // the record holding version 1
+    let f = on_thread(&v, |v| v.flush());
+    gate.wait_held();
+    write_n(&v, 40, 2, 2).unwrap();
+    assert_eq!(around(&v), 2);
+    assert_eq!(ver(&v, 40), 2);
+    gate.release();
+    f.join().unwrap().unwrap();
+    assert_eq!(ver(&v, 40), 2);
+    assert!(slot_of(&v, 40).is_none());
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r, 40), 2);
+}
+
+// Suspicion: reclaim picks the older dirty copy to copy forward, the write-around completes
+// while reclaim reads it, and reclaim's record then carries the older copy after the Trim
+// (or re-indexes it). The copy may be in the record (the Trim follows it), never after.
+#[test]
+fn an_older_copy_copied_forward_by_a_concurrent_reclaim() {
+    let (cache, backing) = wa_devices(16, 256);
+    let gate = Dev::new(&cache);
+    let v = Arc::new(open_wa(gate.clone(), backing.clone()));
+    write(&v, 40, 1);
+    v.flush().unwrap();
+    let (slot, _) = slot_of(&v, 40).unwrap();
+    let offset = v.superblock().layout.log_offset(u64::from(slot));
+    // Rewrites of four other blocks (their old copies die) until the next record needs reclaim.
+    let mut i = 0;
+    loop {
+        let (head, _, tail) = v.log_window();
+        if tail + 2 + 5 > head + 128 {
+            break;
+        }
+        write(&v, 100 + i % 4, 10 + i);
+        v.flush().unwrap();
+        i += 1;
+    }
+    let copied = v.status().counters.copied_forward_blocks;
+    gate.hold(move |op, off, len| op == Op::Read && off <= offset && offset < off + len as u64);
+    let f = on_thread(&v, |v| {
+        write(v, 120, 1);
+        v.flush()
+    });
+    gate.wait_held(); // reclaim reads block 40's copy to carry it forward
+    write_n(&v, 40, 2, 2).unwrap();
+    assert_eq!(around(&v), 2);
+    gate.release();
+    f.join().unwrap().unwrap();
+    assert!(v.status().counters.copied_forward_blocks > copied, "reclaim copied block 40 forward");
+    assert_eq!(ver(&v, 40), 2);
+    assert!(slot_of(&v, 40).is_none(), "the copy carried forward is not indexed");
+    // No FLUSH since the write-around: version 1 or 2.
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    let got = ver(&r, 40);
+    assert!(got == 1 || got == 2);
+    v.flush().unwrap();
+    let (r2, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r2, 40), 2);
+}
+
+// Suspicion: a rewrite through the cache after the write-around, before or after its settle,
+// is undone by a Trim sealed after it.
+#[test]
+fn a_rewrite_through_the_cache_after_the_write_around_survives_the_trim() {
+    for settle_first in [false, true] {
+        let (cache, backing) = wa_devices(32, 256);
+        let v = open_wa(cache.clone(), backing.clone());
+        dirty_v1(&v);
+        write_n(&v, 40, 2, 2).unwrap();
+        if settle_first {
+            v.checkpoint().unwrap(); // settled: block 40 owes a Trim
+        }
+        write(&v, 40, 3);
+        v.flush().unwrap();
+        let (r, _, _) = crash_and_recover(&cache, &backing);
+        assert_eq!((ver(&r, 40), ver(&r, 41)), (3, 2), "settle first {settle_first}");
+    }
+}
+
+// Suspicion: with more Trims owed than a record holds, FLUSH seals the first ones, and a
+// rewrite through the cache that comes while that record is written lands before a Trim of
+// the same block (the Trim would then drop the rewrite on replay).
+#[test]
+fn rewrites_while_the_trim_records_are_written() {
+    let (cache, backing) = wa_devices(32, 512); // staging holds 32 entries
+    let gate = Dev::new(&cache);
+    let v = Arc::new(open_wa(gate.clone(), backing.clone()));
+    for b in 40..100 {
+        write(&v, b, 1);
+    }
+    v.flush().unwrap();
+    write_n(&v, 40, 60, 2).unwrap();
+    assert_eq!(around(&v), 60);
+    let vv = Arc::clone(&v);
+    let done = Arc::new(AtomicBool::new(false));
+    let d = done.clone();
+    // At the first record write of the FLUSH (the first Trims), rewrite a block whose Trim is
+    // in it (40) and one whose Trim is not yet staged (95).
+    gate.on(
+        |op, _, _| op == Op::Write,
+        move || {
+            write(&vv, 40, 3);
+            write(&vv, 95, 3);
+            d.store(true, Ordering::SeqCst);
+        },
+    );
+    v.flush().unwrap();
+    assert!(done.load(Ordering::SeqCst), "the rewrites ran during the FLUSH");
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    for b in [40, 95] {
+        let got = ver(&r, b);
+        assert!(got == 2 || got == 3, "block {b} read {got} (the FLUSH covers version 2)");
+    }
+    v.flush().unwrap();
+    let (r2, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((ver(&r2, 40), ver(&r2, 95), ver(&r2, 41), ver(&r2, 99)), (3, 3, 2, 2));
+}
+
+// ------------------------------------------------------------------------------------------
+// 1b. FLUSH racing the settle. `stage_write_around_trims` runs the settle without the around
+// lock, after FLUSH computed its target.
+
+// BUG: a write through the cache staged after FLUSH started but before its settle marks the
+// block "superseded": the settle then owes no Trim, `trims` is false, and FLUSH returns on its
+// old target without writing the rewrite's record. Nothing durable ends the older copy, so a
+// power cut brings back version 1, older than the write-around (version 2) that completed
+// before the FLUSH started. (write_around.rs, `settle_write_around`: `if !superseded` drops
+// the Trim while the superseding data is neither durable nor covered by this FLUSH;
+// commit.rs `flush`: `durable_sealed >= target && !trims`.)
+#[test]
+#[ignore = "BUG: FLUSH returns without ending the older copy when a rewrite through the cache comes during its settle"]
+fn flush_after_a_write_around_survives_a_rewrite_during_its_settle() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    dirty_v1(&v);
+    write_n(&v, 40, 2, 2).unwrap(); // completes before the FLUSH starts
+    bgate.hold_next_flush();
+    let f = on_thread(&v, |v| v.flush());
+    bgate.wait_held(); // FLUSH is in its settle
+    // Concurrent with the FLUSH (not covered by it): the whole range rewritten through the
+    // cache, so that the FLUSH owes no Trim at all.
+    write(&v, 40, 3);
+    write(&v, 41, 3);
+    bgate.release();
+    f.join().unwrap().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    for b in [40, 41] {
+        let got = ver(&r, b);
+        assert!(got == 2 || got == 3, "block {b} read version {got}; the FLUSH returned after version 2 completed");
+    }
+}
+
+// BUG: a second write-around of the same block completing while FLUSH's settle holds the
+// backing flush replaces the block's `unflushed` entry with its newer generation; the settle
+// then skips the block (generation newer than the flush) and owes no Trim, so FLUSH returns
+// while the older cached copy still ends nothing: a power cut reads version 1, older than the
+// first write-around that completed before the FLUSH started. (write_around.rs,
+// `try_write_around`: `unflushed.insert(block, (gen, false))` forgets the earlier, flushed
+// generation; `settle_write_around`'s `g <= gen` filter.)
+#[test]
+#[ignore = "BUG: a write-around during FLUSH's settle makes the FLUSH forget the Trim an earlier write-around owes"]
+fn flush_after_a_write_around_survives_a_second_write_around_during_its_settle() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    dirty_v1(&v);
+    write_n(&v, 40, 2, 2).unwrap(); // completes before the FLUSH starts
+    bgate.hold_next_flush();
+    let f = on_thread(&v, |v| v.flush());
+    bgate.wait_held(); // FLUSH is in its settle
+    write_n(&v, 40, 2, 3).unwrap(); // a second write-around, concurrent with the FLUSH
+    assert_eq!(around(&v), 4);
+    bgate.release();
+    f.join().unwrap().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    for b in [40, 41] {
+        let got = ver(&r, b);
+        assert!(got == 2 || got == 3, "block {b} read version {got}; the FLUSH returned after version 2 completed");
+    }
+}
+
+// Pinned: a write-around that completes after FLUSH read the generation it settles is not
+// reported durable by that FLUSH but by the next one (checked on the durable images).
+#[test]
+fn a_flush_started_after_the_write_around_covers_it_even_behind_another_flush() {
+    let (cache, backing) = wa_devices(32, 256);
+    let gate = Dev::new(&cache);
+    let v = Arc::new(open_wa(gate.clone(), backing.clone()));
+    dirty_v1(&v);
+    write(&v, 60, 1);
+    gate.hold_next_flush();
+    let f0 = on_thread(&v, |v| v.flush()); // holds the io lock at its cache flush
+    gate.wait_held();
+    write_n(&v, 40, 2, 2).unwrap();
+    let f1 = on_thread(&v, |v| v.flush()); // started after the write-around
+    std::thread::sleep(Duration::from_millis(50));
+    gate.release();
+    f0.join().unwrap().unwrap();
+    f1.join().unwrap().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((ver(&r, 40), ver(&r, 41), ver(&r, 60)), (2, 2, 1));
+}
+
+// ------------------------------------------------------------------------------------------
+// 2. Clean copies.
+
+// Suspicion: a clean cached copy (indexed), one dropped by TRIM, one marked clean by a
+// write-back whose MarkClean is not durable: written around, a power cut would bring the copy
+// back as "the backing device's content" while the backing device holds the new data. They
+// must not be written around (the write goes through the cache) and must read right after a
+// power cut.
+#[test]
+fn blocks_with_clean_copies_are_not_written_around() {
+    for case in ["indexed", "trimmed", "mark-clean-not-durable"] {
+        let (cache, backing) = wa_devices(32, 256);
+        let v = open_wa(cache.clone(), backing.clone());
+        match case {
+            "indexed" | "trimmed" => {
+                assert_eq!(ver(&v, 40), 0); // admitted clean
+                v.checkpoint().unwrap();
+                assert_eq!(slot_of(&v, 40).map(|s| s.1), Some(false));
+                if case == "trimmed" {
+                    v.discard(40 * BS as u64, BS as u64).unwrap();
+                    assert!(slot_of(&v, 40).is_none());
+                }
+            }
+            _ => {
+                write(&v, 40, 1);
+                v.flush().unwrap();
+                assert_eq!(v.destage_step(64).unwrap(), 1);
+                assert_eq!(slot_of(&v, 40).map(|s| s.1), Some(false));
+            }
+        }
+        write_n(&v, 40, 2, 2).unwrap();
+        assert_eq!(around(&v), 0, "{case}: written around");
+        assert_eq!(ver(&v, 40), 2);
+        // A power cut before any FLUSH: the clean copy must equal the backing block.
+        let (r, _, _) = crash_and_recover(&cache, &backing);
+        let got = ver(&r, 40);
+        r.discard(40 * BS as u64, BS as u64).unwrap();
+        assert_eq!(ver(&r, 40), got, "{case}: the block changed by itself after recovery");
+        v.flush().unwrap();
+        let (r2, _, _) = crash_and_recover(&cache, &backing);
+        assert_eq!(ver(&r2, 40), 2, "{case}");
+    }
+}
+
+// Suspicion: a clean copy evicted by reclaim whose record is not yet durable (`resurrectable`)
+// is written around while reclaim waits for its record's flush; a power cut there brings the
+// copy back as clean over the new backing data.
+#[test]
+fn a_clean_copy_evicted_by_a_reclaim_not_yet_durable_is_not_written_around() {
+    let (cache, backing) = wa_devices(16, 256);
+    let gate = Dev::new(&cache);
+    let v = Arc::new(open_wa(gate.clone(), backing.clone()));
+    assert_eq!(ver(&v, 40), 0);
+    v.checkpoint().unwrap(); // block 40 clean in the log's first record
+    let cell: Arc<OnceLock<Arc<Volume>>> = Arc::new(OnceLock::new());
+    cell.set(Arc::clone(&v)).ok();
+    let images: Arc<Mutex<Option<(Vec<u8>, Vec<u8>)>>> = Arc::new(Mutex::new(None));
+    let (c2, b2, im) = (cache.clone(), backing.clone(), images.clone());
+    let vv = Arc::clone(&v);
+    let seen = cell.clone();
+    // At the first cache flush after reclaim evicted block 40 (its record written, not yet
+    // flushed): a write-around of 40..42, then a power cut.
+    gate.on(
+        move |op, _, _| op == Op::Flush && slot_of(seen.get().unwrap(), 40).is_none(),
+        move || {
+            write_n(&vv, 40, 2, 2).unwrap();
+            *im.lock().unwrap() = Some((c2.durable_image(), b2.durable_image()));
+        },
+    );
+    let mut i = 0;
+    while images.lock().unwrap().is_none() {
+        write(&v, 100 + i % 6, 10 + i);
+        v.flush().unwrap();
+        i += 1;
+        assert!(i < 10_000, "reclaim never evicted block 40");
+    }
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(around(&v), 0, "written around while its clean copy may come back");
+    let (ci, bi) = images.lock().unwrap().take().expect("the power cut was taken");
+    let (r, _, _) = recover_images(ci, bi);
+    let got = ver(&r, 40);
+    r.discard(40 * BS as u64, BS as u64).unwrap();
+    assert_eq!(ver(&r, 40), got, "the block changed by itself after recovery");
+}
+
+// BUG: a clean copy superseded by a newer dirty copy whose record is written but not yet
+// flushed is invisible to the clean-copy check (the index names the dirty copy). Written
+// around, and the backing device keeping the write-around while the cache loses the unflushed
+// record, recovery brings back the clean copy as "the backing device's content" although the
+// backing device holds the write-around: the block reads version 0, and version 2 once the
+// clean copy is evicted, with no write in between (docs/format.md §4, "Clean means the backing
+// device holds it"). (write_around.rs, `try_write_around`'s `clean_copy`: looks at the current
+// index entry only; an older clean copy below a dirty copy that is not durable is just as
+// resurrectable.)
+#[test]
+#[ignore = "BUG: a clean copy below an unflushed dirty copy comes back clean over the written-around data"]
+fn a_clean_copy_below_an_unflushed_dirty_copy_is_not_resurrected_over_the_write_around() {
+    let (cache, backing) = wa_devices(32, 256); // staging: 24 data blocks a record
+    let v = open_wa(cache.clone(), backing.clone());
+    assert_eq!(ver(&v, 40), 0); // admitted clean
+    v.checkpoint().unwrap(); // durable: block 40 clean, version 0
+    let durable_before = cache.durable_image();
+    write(&v, 40, 1); // through the cache
+    let records = v.status().counters.records_written;
+    let mut i = 0;
+    while v.status().counters.records_written == records {
+        write(&v, 100 + i, 1); // fill staging: its record is written, not flushed
+        i += 1;
+    }
+    assert_eq!(slot_of(&v, 40).map(|s| s.1), Some(true));
+    assert_eq!(cache.durable_image(), durable_before, "nothing flushed since the checkpoint");
+    write_n(&v, 40, 2, 2).unwrap();
+    assert_eq!(around(&v), 2);
+    backing.flush().unwrap(); // the backing device wrote its cache out by itself
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    let first = ver(&r, 40);
+    r.discard(40 * BS as u64, BS as u64).unwrap();
+    let second = ver(&r, 40);
+    assert_eq!(first, second, "block 40 changed from version {first} to {second} with no write after recovery");
+}
+
+// Suspicion: a read's fill in flight when the write-around starts (its backing read returned
+// the old data) is admitted afterwards as clean: reads would then serve version 0 over the
+// write-around.
+#[test]
+fn a_fill_in_flight_during_the_write_around_is_not_admitted() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    bgate.hold_read_of(40);
+    let r = on_thread(&v, |v| read_version(v, 40));
+    bgate.wait_held();
+    let w = on_thread(&v, |v| write_n(v, 40, 2, 2));
+    std::thread::sleep(Duration::from_millis(100));
+    let written = w.is_finished();
+    bgate.release();
+    w.join().unwrap().unwrap();
+    assert!(written, "the write-around waited for the reader");
+    let got = r.join().unwrap().unwrap();
+    assert!(got == Some(0) || got == Some(2));
+    assert_eq!(around(&v), 2);
+    assert_eq!(ver(&v, 40), 2);
+    v.checkpoint().unwrap();
+    v.flush().unwrap();
+    let (r2, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r2, 40), 2);
+}
+
+// Suspicion: a fill that starts while the write-around's backing write is under way (it may
+// read the old data, or a mix) is admitted.
+#[test]
+fn a_fill_starting_during_the_backing_write_is_not_admitted() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    bgate.hold_write_of(40);
+    let w = on_thread(&v, |v| write_n(v, 40, 2, 2));
+    bgate.wait_held();
+    assert_eq!(ver(&v, 40), 0); // concurrent with the write: the old data
+    assert!(slot_of(&v, 40).is_none());
+    bgate.release();
+    w.join().unwrap().unwrap();
+    assert_eq!(ver(&v, 40), 2);
+    v.checkpoint().unwrap();
+    assert_eq!(ver(&v, 40), 2);
+}
+
+// Suspicion: a clean admission after the settle (the backing device durably holds the new
+// data) is refused for ever, or admitted before the backing flush.
+#[test]
+fn a_clean_admission_before_and_after_the_settle() {
+    let (cache, backing) = wa_devices(32, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    write_n(&v, 40, 2, 2).unwrap();
+    assert_eq!(ver(&v, 40), 2);
+    v.checkpoint().unwrap(); // writes out staging: nothing of block 40 was admitted
+    assert!(slot_of(&v, 40).is_none(), "admitted before the backing flush");
+    assert_eq!(ver(&v, 40), 2); // settled: admitted now
+    v.checkpoint().unwrap();
+    assert_eq!(slot_of(&v, 40).map(|s| s.1), Some(false));
+    v.flush().unwrap(); // the Trim for 40, after the clean copy
+    assert_eq!(ver(&v, 40), 2);
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r, 40), 2);
+}
+
+// ------------------------------------------------------------------------------------------
+// 3. Concurrency.
+
+// Suspicion: two write-arounds of overlapping blocks interleave so that the older one's data
+// or bookkeeping wins.
+#[test]
+fn overlapping_write_arounds_keep_the_newer_data() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    dirty_v1(&v);
+    bgate.hold_write_of(40);
+    let a = on_thread(&v, |v| write_n(v, 40, 4, 2));
+    bgate.wait_held();
+    let b = on_thread(&v, |v| write_n(v, 42, 4, 3));
+    std::thread::sleep(Duration::from_millis(50));
+    bgate.release();
+    a.join().unwrap().unwrap();
+    b.join().unwrap().unwrap();
+    let expect = [2, 2, 3, 3, 3, 3];
+    assert_eq!((40..46).map(|b| ver(&v, b)).collect::<Vec<_>>(), expect);
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((40..46).map(|b| ver(&r, b)).collect::<Vec<_>>(), expect);
+}
+
+// Suspicion: a write-back batch of the block (in `in_batch` between its verification and its
+// mark-clean) lands its older version after the write-around; or the batch's error path
+// leaves `in_batch` set and the block is never written around again.
+#[test]
+fn a_write_around_racing_a_write_back_batch() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    dirty_v1(&v);
+    bgate.hold_next_flush(); // the batch's backing flush
+    let d = on_thread(&v, |v| v.destage_step(64));
+    bgate.wait_held();
+    write_n(&v, 40, 2, 2).unwrap();
+    assert_eq!(around(&v), 0, "written around while a batch writes the block");
+    bgate.release();
+    d.join().unwrap().unwrap();
+    assert_eq!(ver(&v, 40), 2);
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((ver(&r, 40), ver(&r, 41)), (2, 2));
+
+    // The batch fails at its backing write: `in_batch` is cleared, the block may go around,
+    // and the failed older write (settled at the next backing flush, in order) never wins.
+    let (cache, backing) = wa_devices(32, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    dirty_v1(&v);
+    backing.fail_after(Some(OpKind::Write), 0, FailMode::Once);
+    assert!(v.destage_step(64).is_err());
+    write_n(&v, 40, 2, 2).unwrap();
+    assert_eq!(around(&v), 2, "in_batch left set by the failed batch");
+    v.flush().unwrap();
+    assert_eq!(ver(&v, 40), 2);
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((ver(&r, 40), ver(&r, 41)), (2, 2));
+}
+
+// Suspicion: `write_back_all` (tiercache flush) racing write-arounds writes an older version
+// over them, or reports "everything on the backing device" while a write-around is unflushed.
+#[test]
+fn write_back_all_racing_write_arounds() {
+    let (cache, backing) = wa_devices(32, 256);
+    let v = Arc::new(open_wa(cache.clone(), backing.clone()));
+    for b in 40..80 {
+        write(&v, b, 1);
+    }
+    v.flush().unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let s = stop.clone();
+    let w = on_thread(&v, move |v| {
+        let mut version = 2;
+        while !s.load(Ordering::SeqCst) {
+            for first in (40..80).step_by(4) {
+                write_n(v, first, 4, version).unwrap();
+            }
+            version += 1;
+        }
+        version - 1
+    });
+    for _ in 0..5 {
+        v.write_back_all(1.0, |_, _| true).unwrap();
+    }
+    stop.store(true, Ordering::SeqCst);
+    let last = w.join().unwrap();
+    v.write_back_all(1.0, |_, _| true).unwrap();
+    for b in 40..80 {
+        assert_eq!(ver(&v, b), last);
+    }
+    // write_back_all ends with a checkpoint (settled): the backing device holds everything.
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    for b in 40..80 {
+        assert_eq!(ver(&r, b), last, "block {b}");
+    }
+}
+
+// Suspicion: reads racing write-arounds and rewrites return a version older than the newest
+// write completed before the read started, or torn data.
+#[test]
+fn reads_racing_write_arounds_never_go_back_in_time() {
+    let (cache, backing) = wa_devices(32, 256);
+    let v = Arc::new(open_wa(cache.clone(), backing.clone()));
+    const N: u64 = 8;
+    let completed: Arc<Vec<AtomicU64>> = Arc::new((0..N).map(|_| AtomicU64::new(0)).collect());
+    let stop = Arc::new(AtomicBool::new(false));
+    let (c, s) = (completed.clone(), stop.clone());
+    let writer = on_thread(&v, move |v| {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for version in 1..400u64 {
+            let first = rng.gen_range(0..N - 1);
+            let n = rng.gen_range(1..=(N - first).min(4));
+            write_n(v, 40 + first, n, version).unwrap();
+            for b in first..first + n {
+                c[b as usize].store(version, Ordering::SeqCst);
+            }
+            match rng.gen_range(0..6) {
+                0 => v.flush().unwrap(),
+                1 => v.checkpoint().unwrap(),
+                2 => {
+                    v.destage_step(16).unwrap();
+                }
+                3 => v.discard(40 * BS as u64, N * BS as u64).unwrap(),
+                _ => {}
+            }
+        }
+        s.store(true, Ordering::SeqCst);
+    });
+    let readers: Vec<_> = (0..2)
+        .map(|k| {
+            let (c, s) = (completed.clone(), stop.clone());
+            on_thread(&v, move |v| {
+                let mut rng = ChaCha8Rng::seed_from_u64(100 + k);
+                while !s.load(Ordering::SeqCst) {
+                    let b = rng.gen_range(0..N);
+                    let floor = c[b as usize].load(Ordering::SeqCst);
+                    let got = read_version(v, 40 + b).unwrap().expect("an intact block of its own");
+                    assert!(got >= floor, "block {} read version {got} after version {floor} completed", 40 + b);
+                }
+            })
+        })
+        .collect();
+    writer.join().unwrap();
+    for r in readers {
+        r.join().unwrap();
+    }
+    assert!(around(&v) > 0);
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    for b in 0..N {
+        assert_eq!(ver(&r, 40 + b), completed[b as usize].load(Ordering::SeqCst));
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// 4. Errors.
+
+// Suspicion: a failed backing write leaves the block without its older copy (dropped before
+// the write), or poisons the volume.
+#[test]
+fn a_failed_backing_write_keeps_the_older_copy() {
+    let (cache, backing) = wa_devices(32, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    dirty_v1(&v);
+    backing.fail_after(Some(OpKind::Write), 0, FailMode::Once);
+    assert!(write_n(&v, 40, 2, 2).is_err());
+    assert_eq!(ver(&v, 40), 1);
+    v.flush().unwrap();
+    assert_eq!(ver(&v, 40), 1);
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r, 40), 1);
+    // Still writes around afterwards, and durably.
+    write_n(&v, 40, 2, 3).unwrap();
+    v.flush().unwrap();
+    let (r2, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r2, 40), 3);
+}
+
+// Suspicion: a failed write-around of a block not cached, then a read that admits the old
+// backing data as clean: the failed write lands at the next backing flush (SimDevice settles
+// it there) and the clean copy no longer equals the backing block.
+// (Not reported as a bug: the device model lets a failed write change what the device itself
+// returns at its next flush; the volume only mirrors that.)
+#[test]
+fn a_failed_write_around_then_an_admission() {
+    let (cache, backing) = wa_devices(32, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    backing.fail_after(Some(OpKind::Write), 0, FailMode::Once);
+    assert!(write_n(&v, 40, 2, 2).is_err());
+    let first = ver(&v, 40);
+    assert!(first == 0 || first == 2);
+    v.checkpoint().unwrap();
+    backing.flush().unwrap();
+    let second = ver(&v, 40);
+    assert!(second == 0 || second == 2);
+}
+
+// Suspicion: the backing flush fails in the settle and FLUSH still reports success; or, the
+// device keeping the writes pending (SimDevice), the next FLUSH does not make them durable.
+#[test]
+fn a_failed_backing_flush_fails_the_flush() {
+    let (cache, backing) = wa_devices(32, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    dirty_v1(&v);
+    write_n(&v, 40, 2, 2).unwrap();
+    backing.fail_after(Some(OpKind::Flush), 0, FailMode::Once);
+    assert!(v.flush().is_err(), "FLUSH reported success after its backing flush failed");
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r, 40), 1);
+    v.flush().unwrap();
+    let (r2, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(ver(&r2, 40), 2);
+}
+
+// BUG: on Linux a failed fdatasync drops the dirty pages it could not write and reports the
+// error once; the next fdatasync succeeds without them ("fsyncgate"). The write-around's data
+// has no other copy, yet the settle simply retries the flush: the second FLUSH reports success
+// and writes the Trim, and the block reads the backing device's version 0, older than both the
+// flushed version 1 and the write-around. The engine never retries a failed cache flush
+// (`check_poisoned`), and write-back survives a failed backing flush only because the block
+// stays dirty and is written again; a write-around needs the same: poison, or keep the data.
+// (write_around.rs, `settle_write_around`: `self.backing.flush().map_err(...)?` leaves
+// `flushed_gen` behind and the next call flushes again.)
+#[test]
+#[ignore = "BUG: a failed backing flush of a write-around is retried and reported durable (fsyncgate)"]
+fn a_failed_backing_flush_is_never_retried_into_success() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bdev = Dev::new(&backing);
+    let v = open_wa(cache.clone(), bdev.clone());
+    dirty_v1(&v);
+    write_n(&v, 40, 2, 2).unwrap();
+    bdev.fsyncgate_next_flush();
+    assert!(v.flush().is_err());
+    if v.flush().is_ok() {
+        // The FLUSH says the write-around is durable: it must be.
+        let (r, _, _) = crash_and_recover(&cache, &backing);
+        assert_eq!(ver(&r, 40), 2, "the second FLUSH reported success");
+    }
+}
+
+// Suspicion: the cache write of the Trim record fails after the backing flush: FLUSH must fail,
+// and the recovered block must still be one version throughout (the older copy comes back
+// dirty, and wins over the backing data when written back).
+#[test]
+fn a_failed_trim_record_write_fails_the_flush() {
+    let (cache, backing) = wa_devices(32, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    dirty_v1(&v);
+    write_n(&v, 40, 2, 2).unwrap();
+    cache.fail_after(Some(OpKind::Write), 0, FailMode::Once);
+    assert!(v.flush().is_err());
+    assert!(v.flush().is_err(), "poisoned");
+    let (r, c2, b2) = crash_and_recover(&cache, &backing);
+    let got = ver(&r, 40);
+    assert!(got == 1 || got == 2);
+    r.write_back_all(1.0, |_, _| true).unwrap();
+    assert_eq!(ver(&r, 40), got);
+    drop(r);
+    let (r2, _, _) = crash_and_recover(&c2, &b2);
+    assert_eq!(ver(&r2, 40), got);
+}
+
+// Suspicion: lost blocks, fingerprint blocks and a backing device that may tear a block are
+// written around.
+#[test]
+fn lost_blocks_fingerprint_blocks_and_tearing_devices_are_never_written_around() {
+    // Lost.
+    let (cache, backing) = wa_devices(32, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    dirty_v1(&v);
+    corrupt_cached_block(&cache, &v, 40);
+    assert!(is_lost(&read_version(&v, 40), 40));
+    write_n(&v, 40, 2, 2).unwrap();
+    assert_eq!(around(&v), 0);
+    assert_eq!(ver(&v, 40), 2);
+    // Fingerprint blocks: 16 (64 KiB) and the last.
+    write_n(&v, 15, 3, 2).unwrap();
+    write_n(&v, 254, 2, 2).unwrap();
+    assert_eq!(around(&v), 0);
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((ver(&r, 40), ver(&r, 16), ver(&r, 255)), (2, 2, 2));
+    // A backing device that tears at 512 bytes.
+    let (cache, _) = wa_devices(32, 256);
+    let torn = Arc::new(SimDevice::from_image(stamps(0, 256, 0), BS as u32).with_name("backing"));
+    let v = Volume::open(cache, torn, Arc::new(MonotonicClock::new()), wa_options());
+    // (Another backing device than the one formatted with: open may refuse it.)
+    if let Ok((v, _)) = v {
+        write_n(&v, 40, 8, 2).unwrap();
+        assert_eq!(around(&v), 0);
+    }
+}
+
+// BUG: a dirty copy found bad (rotted) while the write-around of its block is under way is
+// declared lost (the reader holds the destage lock, which the write-around does not take,
+// contrary to the module header's "the destage lock is held across the backing write"); the
+// write-around then completes and drops the index entry, but the block stays in `lost`: it
+// reads EIO although its newest completed write is whole on the backing device, the Lost entry
+// reaches the log at the next FLUSH, and the block stays lost after a power cut too.
+// (write_around.rs, `try_write_around`: the lost check runs only before the backing write;
+// nothing ends a loss declared during it.)
+#[test]
+#[ignore = "BUG: a loss declared during the write-around's backing write outlives the completed write"]
+fn a_loss_declared_during_the_backing_write_ends_with_the_write_around() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    dirty_v1(&v);
+    corrupt_cached_block(&cache, &v, 40);
+    bgate.hold_write_of(40);
+    let w = on_thread(&v, |v| write_n(v, 40, 2, 2));
+    bgate.wait_held();
+    let concurrent = read_version(&v, 40); // finds the rotted copy: lost (concurrent: allowed)
+    assert!(is_lost(&concurrent, 40), "{concurrent:?}");
+    bgate.release();
+    w.join().unwrap().unwrap();
+    assert_eq!(around(&v), 2);
+    let after = read_version(&v, 40);
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    let recovered = read_version(&r, 40);
+    assert!(
+        matches!(after, Ok(Some(2))) && matches!(recovered, Ok(Some(2))),
+        "after the write-around completed: {after:?}; after FLUSH and a power cut: {recovered:?}"
+    );
+}
+
+// ------------------------------------------------------------------------------------------
+// 5. Recovery.
+
+// Suspicion: after a power cut with write-arounds settled by a checkpoint but no Trim written
+// (no FLUSH), recovery (its reserve restore and checkpoint) resurrects the older copy or loses
+// the write-around; a second power cut right after recovery, likewise.
+#[test]
+fn recovery_after_a_settle_without_trim_and_a_second_power_cut() {
+    let (cache, backing) = wa_devices(16, 256);
+    let v = open_wa(cache.clone(), backing.clone());
+    dirty_v1(&v);
+    write_n(&v, 40, 2, 2).unwrap();
+    v.checkpoint().unwrap(); // settled, Trim still owed
+    for i in 0..30 {
+        write(&v, 100 + i, 10 + i); // records after the checkpoint (staging fills), unflushed
+    }
+    let (r, c2, b2) = crash_and_recover(&cache, &backing);
+    assert_eq!((ver(&r, 40), ver(&r, 41)), (2, 2));
+    drop(r);
+    let (r2, c3, b3) = crash_and_recover(&c2, &b2);
+    assert_eq!((ver(&r2, 40), ver(&r2, 41)), (2, 2));
+    write_n(&r2, 40, 2, 3).unwrap();
+    r2.flush().unwrap();
+    let (r3, _, _) = crash_and_recover(&c3, &b3);
+    assert_eq!((ver(&r3, 40), ver(&r3, 41)), (3, 3));
+}
