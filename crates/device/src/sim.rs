@@ -326,6 +326,10 @@ impl SimDevice {
         if fua {
             s.durable[start..start + buf.len()].copy_from_slice(buf);
             s.stats.fua_writes += 1;
+            // Earlier writes it covers can no longer land over it (their data was superseded
+            // in the device's cache), failed ones included.
+            let end = offset + buf.len() as u64;
+            s.pending.retain(|w| !(w.offset >= offset && w.offset + w.data.len() as u64 <= end));
         } else {
             s.pending.push(PendingWrite { offset, data: buf.to_vec(), failed: false });
         }

@@ -5,9 +5,14 @@
 //! gate, runs an action on another thread at a chosen I/O, or fails a flush the way Linux
 //! does (the dirty data it could not write is dropped, and the error is reported once).
 //!
-//! Tests marked `#[ignore = "BUG: ..."]` fail on a38dc53 (and 354f2d6, whose engine code is the
-//! same): each names the broken contract and the place in the code. The others pin behaviour that
-//! the attack did not break. The bugs:
+//! Seven tests failed on a38dc53 (each is marked `BUG:` in its comment) and pass since the
+//! fixes that followed the review (the write-around holds the destage lock across its backing
+//! write; FLUSH settles under the around lock; a rewrite through the cache carries the Trim in
+//! its own record; a dirty copy not yet durable or one in the record in flight keeps the
+//! block in the cache; a failed settle poisons the volume; blocks never cached owe no Trim;
+//! a replayed Trim ends a loss; SimDevice's FUA write supersedes earlier pending writes). A
+//! few tests changed with the design: they now assert the fallback through the cache, or let
+//! the second party wait. The others pin behaviour that the attack did not break. The bugs:
 //! - `flush_after_a_write_around_survives_a_rewrite_during_its_settle`: FLUSH returns while
 //!   the older copy still replays (a rewrite through the cache during its settle);
 //! - `flush_after_a_write_around_survives_a_second_write_around_during_its_settle`: likewise
@@ -411,12 +416,12 @@ fn an_older_copy_in_the_record_in_flight_is_not_indexed_after_the_write_around()
     let f = on_thread(&v, |v| v.flush());
     gate.wait_held();
     write_n(&v, 40, 2, 2).unwrap();
-    assert_eq!(around(&v), 2);
+    // (Since the review: a block in the record in flight is written through the cache.)
+    assert_eq!(around(&v), 0, "an older copy in the record in flight: through the cache");
     assert_eq!(ver(&v, 40), 2);
     gate.release();
     f.join().unwrap().unwrap();
     assert_eq!(ver(&v, 40), 2);
-    assert!(slot_of(&v, 40).is_none());
     v.flush().unwrap();
     let (r, _, _) = crash_and_recover(&cache, &backing);
     assert_eq!(ver(&r, 40), 2);
@@ -538,7 +543,7 @@ fn rewrites_while_the_trim_records_are_written() {
 // the Trim while the superseding data is neither durable nor covered by this FLUSH;
 // commit.rs `flush`: `durable_sealed >= target && !trims`.)
 #[test]
-#[ignore = "BUG: FLUSH returns without ending the older copy when a rewrite through the cache comes during its settle"]
+
 fn flush_after_a_write_around_survives_a_rewrite_during_its_settle() {
     let (cache, backing) = wa_devices(32, 256);
     let bgate = Dev::new(&backing);
@@ -569,7 +574,7 @@ fn flush_after_a_write_around_survives_a_rewrite_during_its_settle() {
 // `try_write_around`: `unflushed.insert(block, (gen, false))` forgets the earlier, flushed
 // generation; `settle_write_around`'s `g <= gen` filter.)
 #[test]
-#[ignore = "BUG: a write-around during FLUSH's settle makes the FLUSH forget the Trim an earlier write-around owes"]
+
 fn flush_after_a_write_around_survives_a_second_write_around_during_its_settle() {
     let (cache, backing) = wa_devices(32, 256);
     let bgate = Dev::new(&backing);
@@ -579,10 +584,14 @@ fn flush_after_a_write_around_survives_a_second_write_around_during_its_settle()
     bgate.hold_next_flush();
     let f = on_thread(&v, |v| v.flush());
     bgate.wait_held(); // FLUSH is in its settle
-    write_n(&v, 40, 2, 3).unwrap(); // a second write-around, concurrent with the FLUSH
-    assert_eq!(around(&v), 4);
+                       // A second write-around, concurrent with the FLUSH (since the review it waits for the
+                       // settle: the FLUSH holds the around lock).
+    let second = on_thread(&v, |v| write_n(v, 40, 2, 3));
+    std::thread::sleep(std::time::Duration::from_millis(100));
     bgate.release();
     f.join().unwrap().unwrap();
+    second.join().unwrap().unwrap();
+    assert_eq!(around(&v), 4);
     let (r, _, _) = crash_and_recover(&cache, &backing);
     for b in [40, 41] {
         let got = ver(&r, b);
@@ -707,7 +716,7 @@ fn a_clean_copy_evicted_by_a_reclaim_not_yet_durable_is_not_written_around() {
 // index entry only; an older clean copy below a dirty copy that is not durable is just as
 // resurrectable.)
 #[test]
-#[ignore = "BUG: a clean copy below an unflushed dirty copy comes back clean over the written-around data"]
+
 fn a_clean_copy_below_an_unflushed_dirty_copy_is_not_resurrected_over_the_write_around() {
     let (cache, backing) = wa_devices(32, 256); // staging: 24 data blocks a record
     let v = open_wa(cache.clone(), backing.clone());
@@ -724,7 +733,8 @@ fn a_clean_copy_below_an_unflushed_dirty_copy_is_not_resurrected_over_the_write_
     assert_eq!(slot_of(&v, 40).map(|s| s.1), Some(true));
     assert_eq!(cache.durable_image(), durable_before, "nothing flushed since the checkpoint");
     write_n(&v, 40, 2, 2).unwrap();
-    assert_eq!(around(&v), 2);
+    // (Since the review: a dirty copy not yet durable keeps the block in the cache.)
+    assert_eq!(around(&v), 0, "a dirty copy not yet durable: through the cache");
     backing.flush().unwrap(); // the backing device wrote its cache out by itself
     let (r, _, _) = crash_and_recover(&cache, &backing);
     let first = ver(&r, 40);
@@ -839,10 +849,15 @@ fn a_write_around_racing_a_write_back_batch() {
     bgate.hold_next_flush(); // the batch's backing flush
     let d = on_thread(&v, |v| v.destage_step(64));
     bgate.wait_held();
-    write_n(&v, 40, 2, 2).unwrap();
-    assert_eq!(around(&v), 0, "written around while a batch writes the block");
+    // (Since the review the write-around waits for the batch: it holds the destage lock
+    // across its backing write. The batch marked the block clean, so it then goes through
+    // the cache.)
+    let w = on_thread(&v, |v| write_n(v, 40, 2, 2));
+    std::thread::sleep(std::time::Duration::from_millis(100));
     bgate.release();
     d.join().unwrap().unwrap();
+    w.join().unwrap().unwrap();
+    assert_eq!(around(&v), 0, "a clean copy (the batch's) is never written around");
     assert_eq!(ver(&v, 40), 2);
     v.flush().unwrap();
     let (r, _, _) = crash_and_recover(&cache, &backing);
@@ -856,7 +871,7 @@ fn a_write_around_racing_a_write_back_batch() {
     backing.fail_after(Some(OpKind::Write), 0, FailMode::Once);
     assert!(v.destage_step(64).is_err());
     write_n(&v, 40, 2, 2).unwrap();
-    assert_eq!(around(&v), 2, "in_batch left set by the failed batch");
+    assert_eq!(around(&v), 2, "the failed batch left the block dirty: it goes around");
     v.flush().unwrap();
     assert_eq!(ver(&v, 40), 2);
     let (r, _, _) = crash_and_recover(&cache, &backing);
@@ -1019,9 +1034,9 @@ fn a_failed_backing_flush_fails_the_flush() {
     assert!(v.flush().is_err(), "FLUSH reported success after its backing flush failed");
     let (r, _, _) = crash_and_recover(&cache, &backing);
     assert_eq!(ver(&r, 40), 1);
-    v.flush().unwrap();
-    let (r2, _, _) = crash_and_recover(&cache, &backing);
-    assert_eq!(ver(&r2, 40), 2);
+    // (Since the review: the failure poisons the volume; a retried flush could report
+    // durable what the failed one dropped.)
+    assert!(v.flush().is_err(), "a failed backing flush of a write-around is never retried");
 }
 
 // BUG: on Linux a failed fdatasync drops the dirty pages it could not write and reports the
@@ -1034,7 +1049,7 @@ fn a_failed_backing_flush_fails_the_flush() {
 // (write_around.rs, `settle_write_around`: `self.backing.flush().map_err(...)?` leaves
 // `flushed_gen` behind and the next call flushes again.)
 #[test]
-#[ignore = "BUG: a failed backing flush of a write-around is retried and reported durable (fsyncgate)"]
+
 fn a_failed_backing_flush_is_never_retried_into_success() {
     let (cache, backing) = wa_devices(32, 256);
     let bdev = Dev::new(&backing);
@@ -1110,7 +1125,7 @@ fn lost_blocks_fingerprint_blocks_and_tearing_devices_are_never_written_around()
 // (write_around.rs, `try_write_around`: the lost check runs only before the backing write;
 // nothing ends a loss declared during it.)
 #[test]
-#[ignore = "BUG: a loss declared during the write-around's backing write outlives the completed write"]
+
 fn a_loss_declared_during_the_backing_write_ends_with_the_write_around() {
     let (cache, backing) = wa_devices(32, 256);
     let bgate = Dev::new(&backing);
@@ -1120,10 +1135,15 @@ fn a_loss_declared_during_the_backing_write_ends_with_the_write_around() {
     bgate.hold_write_of(40);
     let w = on_thread(&v, |v| write_n(v, 40, 2, 2));
     bgate.wait_held();
-    let concurrent = read_version(&v, 40); // finds the rotted copy: lost (concurrent: allowed)
-    assert!(is_lost(&concurrent, 40), "{concurrent:?}");
+    // The reader finds the rotted copy; its loss check waits for the destage lock, which the
+    // write-around holds across its backing write (since the review), and then finds the
+    // block written around.
+    let reader = on_thread(&v, |v| read_version(v, 40));
+    std::thread::sleep(std::time::Duration::from_millis(100));
     bgate.release();
     w.join().unwrap().unwrap();
+    let concurrent = reader.join().unwrap();
+    assert!(matches!(concurrent, Ok(Some(2))) || is_lost(&concurrent, 40), "{concurrent:?}");
     assert_eq!(around(&v), 2);
     let after = read_version(&v, 40);
     v.flush().unwrap();
@@ -1196,7 +1216,7 @@ fn these_checks_catch_a_settle_that_skips_the_backing_flush() {
 // (crates/device/src/sim.rs, `flush`: replays the landed pending writes over `durable` and
 // `current` without regard to FUA writes issued after them.)
 #[test]
-#[ignore = "BUG (simulator): a failed write settled at the next flush lands over a later FUA write"]
+
 fn sim_a_failed_write_never_lands_over_a_later_fua_write() {
     for seed in 0..16 {
         let dev = SimDevice::from_image(stamps(0, 4, 0), BS as u32);
@@ -1226,7 +1246,7 @@ fn sim_a_failed_write_never_lands_over_a_later_fua_write() {
 // checkpoint omitting them is durable) need no Trim. (write_around.rs, `try_write_around`:
 // `unflushed.insert` for every block; `settle_write_around` moves each to `untrimmed`.)
 #[test]
-#[ignore = "BUG (resources): write-arounds of blocks never cached each owe a Trim entry, kept in RAM until a FLUSH"]
+
 fn a_write_around_stream_of_uncached_blocks_owes_no_trims() {
     let (cache, backing) = wa_devices(32, 8192);
     let v = open_wa(cache.clone(), backing.clone());

@@ -674,6 +674,21 @@ fn index_trim_removes_the_blocks_entry() {
 }
 
 #[test]
+fn index_trim_ends_a_loss() {
+    // R2 writes X = 1 at p; R3 says that copy is lost; R4 trims X (a write-around put newer
+    // data on the backing device, flushed): X reads the backing device.
+    let mut chain = Chain::new();
+    let r2 = chain.append_sound(vec![], &[(EntryKind::DataDirty, X, 1)]);
+    chain.append_sound(vec![meta(EntryKind::Lost, X, r2.pos + 1, crc_of(X, 1))], &[]);
+    chain.backing.write_at(X * BS as u64, &stamp(X, 2)).unwrap();
+    chain.append_sound(vec![meta(EntryKind::Trim, X, 0, 0)], &[]);
+    let (v, _) = chain.open();
+    assert_eq!(slot_of(&v, X), None);
+    assert_eq!(read_version(&v, X).unwrap(), Some(2));
+    assert!(v.lost_blocks().is_empty());
+}
+
+#[test]
 fn index_lost_entry_removes_the_block_and_makes_it_lost_with_its_crc() {
     // R2 writes X = 1 at p; R3 says that copy is lost. X reads as an I/O error, unless the
     // backing device holds exactly that version (open's recheck compares the entry's CRC).

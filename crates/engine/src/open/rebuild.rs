@@ -103,7 +103,11 @@ impl Replay<'_> {
                 }
                 EntryKind::MarkClean => self.mark_clean(e),
                 EntryKind::Trim => {
+                    // Written after the block's new data reached the backing device, flushed
+                    // (a write-around, format.md 4.10): no cached copy is current, and a loss
+                    // of an older version is over.
                     self.index.remove(e.backing_block);
+                    self.lost.remove(&e.backing_block);
                 }
                 EntryKind::Lost => {
                     // Never written after newer data of the block (see volume/mod.rs, `Lost`).

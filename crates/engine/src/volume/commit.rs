@@ -30,7 +30,10 @@ impl Volume {
         {
             let st = self.lock();
             st.check_poisoned()?;
-            if st.durable_sealed >= target && !trims {
+            // (A Trim staged with a rewrite of a block written around before this FLUSH began
+            // ends that block's older copy: it must be durable too.)
+            let staged_trims = st.staging.meta.iter().any(|m| m.kind == EntryKind::Trim);
+            if st.durable_sealed >= target && !trims && !staged_trims {
                 return Ok(()); // a flush that started after our writes already covered them
             }
         }
@@ -43,9 +46,9 @@ impl Volume {
     pub(super) fn flush_cache(&self, skip: bool) -> Result<()> {
         // With the io lock held no record write is in progress: every sequence below
         // `next_seq` has been written and this flush covers it.
-        let (upto, written_seq) = {
+        let (upto, written_seq, written_tail) = {
             let st = self.lock();
-            (st.sealed, st.next_seq - 1)
+            (st.sealed, st.next_seq - 1, st.written_tail)
         };
         if !skip {
             self.cache_io("flushing the cache device", self.cache.flush())?;
@@ -57,6 +60,7 @@ impl Volume {
         st.durable_sealed = st.durable_sealed.max(upto);
         if !skip {
             st.durable_seq = st.durable_seq.max(written_seq);
+            st.durable_tail = st.durable_tail.max(written_tail);
         }
         st.counters.cache_flushes += 1;
         Ok(())

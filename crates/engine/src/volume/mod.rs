@@ -194,6 +194,9 @@ struct State {
     /// Where the last completed record write ends: log walkers never read past it (a record
     /// between here and `tail` is still being written).
     written_tail: u64,
+    /// Every record before this position is durable (a cache flush completed after it was
+    /// written).
+    durable_tail: u64,
     /// The background pre-cleaner has looked at every record before this position.
     precleaned_until: u64,
     checkpoint_position: u64,
@@ -397,6 +400,7 @@ impl Volume {
                 durable_sealed: 0,
                 durable_seq: 0,
                 written_tail: r.tail,
+                durable_tail: r.tail,
                 precleaned_until: r.head,
                 checkpoint_position: r.checkpoint_position,
                 older_checkpoint_position: 0,

@@ -20,9 +20,16 @@ impl Volume {
                 st.check_poisoned()?;
                 let now = self.clock.now_ns();
                 st.cancel_fill(block);
+                // An older copy left by a write-around is ended by a Trim in this very record
+                // (metadata first): the Trim needs room too.
+                let owes_trim = st.around.owes_trim(block);
+                let room = !owes_trim || st.staging.entries() + 2 <= st.staging.limit;
                 // A lost block stays lost until this write is in a written record (see `Lost`).
-                if st.staging.put(block, EntryKind::DataDirty, chunk, crc, now) {
-                    st.around.written_through(block);
+                if room && st.staging.put(block, EntryKind::DataDirty, chunk, crc, now) {
+                    if owes_trim {
+                        st.around.trim_staged(block);
+                        st.staging.meta.push(write_around::trim_entry(block));
+                    }
                     st.counters.written_blocks += 1;
                     break;
                 }

@@ -13,19 +13,21 @@
 //!   copy (perhaps acknowledged by a FLUSH) while the backing device drops the new data,
 //!   and the block would read a version older than both. So checkpoint, reclaim and FLUSH
 //!   first flush the backing device when a write-around is not yet flushed (`settle`).
-//! - After that flush a Trim entry for each block must reach the log before FLUSH returns,
-//!   or recovery would replay the older copy over the new data. A Trim is staged only after
-//!   the flush that covers its block, and never for a block written through the cache since
-//!   (its newer record supersedes the older copy on replay, and a Trim sealed after it would
-//!   drop it): a write through the cache marks the block superseded.
-//! - A block not yet flushed is not admitted as clean from the backing device (clean means
-//!   the backing device durably holds it).
+//! - After that flush a Trim entry for each block that had a copy on the log must reach the
+//!   log before FLUSH returns, or recovery would replay the older copy over the new data. A
+//!   Trim is staged only after the flush that covers its block, or together with newer data
+//!   of the block written through the cache (same record, metadata first: the data
+//!   supersedes the older copy either way, and a Trim in a later record would drop it).
+//! - No clean copy is admitted while a write-around is unflushed (clean means the backing
+//!   device durably holds it).
 //! - The destage lock is held across the backing write, so no write-back batch can write an
-//!   older version of a block over it.
+//!   older version of a block over it, and no reader can declare it lost meanwhile.
+//! - A failed settle (backing flush) poisons the volume: the written-around data has no other
+//!   copy, and a retried flush could report durable what the failed one dropped.
 //!
-//! Not written around: requests smaller than the policy's minimum, lost blocks (their loss
-//! must end through a record), and the backing device's fingerprint blocks (their update goes
-//! through the superblock's two phases, 4.3).
+//! Not written around (format.md 4.10): requests smaller than the policy's minimum, blocks
+//! with a clean copy on the log or a copy not yet durable, lost blocks, the backing device's
+//! fingerprint blocks, and anything on a backing device that may tear a block.
 
 use super::*;
 
@@ -49,9 +51,9 @@ impl Default for WriteAroundPolicy {
 /// What the write-arounds still owe.
 #[derive(Debug, Default)]
 pub(super) struct Around {
-    /// Blocks written around since the last backing flush: block -> (generation of the
-    /// write, written through the cache since).
-    unflushed: HashMap<u64, (u64, bool)>,
+    /// Blocks written around, since the last backing flush, whose older copy is on the log:
+    /// block -> generation of the write.
+    unflushed: HashMap<u64, u64>,
     /// Counts write-arounds; `flushed_gen` is the last one a backing flush covers.
     gen: u64,
     flushed_gen: u64,
@@ -65,34 +67,29 @@ pub(super) struct Around {
     /// the copy, back as clean (or checked against the backing device), would shadow the new
     /// data on the backing device.
     resurrectable: HashMap<u64, u64>,
-    /// Blocks whose write-around is under way (not admitted meanwhile: a fill could read the
-    /// backing device half-written).
+    /// Blocks whose write-around is under way.
     writing: HashSet<u64>,
-    /// Blocks a write-back batch is writing to the backing device (from its verification
-    /// to its mark-clean): not written around meanwhile.
-    pub(super) in_batch: HashSet<u64>,
     /// Clock time of the last write-around.
     last_ns: Option<u64>,
 }
 
 impl Around {
-    /// A write through the cache staged `block`: its record supersedes any older copy on
-    /// replay, so no Trim may follow it.
-    pub(super) fn written_through(&mut self, block: u64) {
-        if let Some(u) = self.unflushed.get_mut(&block) {
-            u.1 = true;
-        }
+    /// Whether a write through the cache of `block` must carry a Trim (an older copy on the
+    /// log that a write-around left owed).
+    pub(super) fn owes_trim(&self, block: u64) -> bool {
+        self.unflushed.contains_key(&block) || self.untrimmed.contains(&block)
+    }
+
+    /// The Trim of `block` is staged with newer data of it: nothing more is owed.
+    pub(super) fn trim_staged(&mut self, block: u64) {
+        self.unflushed.remove(&block);
         self.untrimmed.remove(&block);
     }
 
-    /// Whether a write-back batch may write `block` now (not while it is written around).
-    pub(super) fn batch_may_write(&self, block: u64) -> bool {
-        !self.writing.contains(&block)
-    }
-
-    /// Whether `block` may be admitted as clean from the backing device.
+    /// Whether `block` may be admitted as clean from the backing device: not while any
+    /// write-around is unflushed (its data on the backing device may still vanish).
     pub(super) fn admissible(&self, block: u64) -> bool {
-        !self.unflushed.contains_key(&block) && !self.writing.contains(&block)
+        self.gen == self.flushed_gen && !self.writing.contains(&block)
     }
 
     /// `block`'s copy at `position` left the index without a record.
@@ -105,6 +102,11 @@ impl Around {
     pub(super) fn head_moved(&mut self, head: u64) {
         self.resurrectable.retain(|_, &mut position| position >= head);
     }
+}
+
+/// A Trim entry for `block`.
+pub(super) fn trim_entry(block: u64) -> RecordEntry {
+    RecordEntry { kind: EntryKind::Trim, backing_block: block, data_crc: 0, ref_position: 0 }
 }
 
 impl Volume {
@@ -122,72 +124,91 @@ impl Volume {
             return Ok(false);
         }
         let first = offset / self.bs as u64;
-        let n = (data.len() / self.bs) as u64;
+        let blocks = first..first + (data.len() / self.bs) as u64;
         let fingerprints = self.superblock().fingerprint_blocks();
-        if fingerprints.iter().any(|b| (first..first + n).contains(b)) {
+        if fingerprints.iter().any(|b| blocks.contains(b)) {
             return Ok(false);
         }
         let _around = self.lock_around();
-        {
-            let mut st = self.lock();
-            st.check_poisoned()?;
-            // Above the high watermark, or draining towards the low one after it.
-            let destage_bound = st.destaging || st.index.dirty_len() as u64 > self.dirty_high_blocks;
-            if (policy.only_when_destage_bound && !destage_bound) || st.lost.range(first..first + n).next().is_some() {
-                return Ok(false);
-            }
-            // A clean copy on the log (indexed, in the record being written, or dropped
-            // without a record) would come back after a crash as "the backing device's
-            // content" while the backing device holds the new data: only a dirty copy (which
-            // the Trim, after the backing flush, ends) or none at all may be written around.
-            let clean_copy = |b: u64| {
-                st.index.get(b).is_some_and(|e| !e.dirty)
-                    || st.around.resurrectable.contains_key(&b)
-                    || st
-                        .inflight
-                        .as_ref()
-                        .is_some_and(|f| f.map.get(&b).is_some_and(|&k| f.data[k].1 == EntryKind::DataClean))
-            };
-            // A write-back batch writing one of these blocks (`in_batch`) could land its
-            // older version after ours: write through the cache instead of waiting for it.
-            if (first..first + n).any(|b| clean_copy(b) || st.around.in_batch.contains(&b)) {
-                return Ok(false);
-            }
-            // No clean copy may reach the log meanwhile: staged ones go (never sealed), fills
-            // in flight are cancelled, new ones are refused (`admissible`).
-            for block in first..first + n {
-                st.cancel_fill(block);
-                if st.staging.map.get(&block).is_some_and(|&k| st.staging.data[k].1 == EntryKind::DataClean) {
-                    st.staging.remove(block, self.bs);
-                }
-                st.around.writing.insert(block);
-            }
+        // (No write-back batch runs meanwhile, nor a reader's loss check: see the header.)
+        let _destage = self.lock_destage();
+        if !self.begin_write_around(blocks.clone(), policy)? {
+            return Ok(false);
         }
         let written = self.backing.write_at(offset, data).map_err(EngineError::backing);
         let mut st = self.lock();
-        for block in first..first + n {
+        for block in blocks.clone() {
             st.around.writing.remove(&block);
         }
         written?;
+        self.end_write_around(&mut st, blocks);
+        Ok(true)
+    }
+
+    /// Under the state lock: whether `blocks` may be written around now, and if so, marks
+    /// them `writing` (no clean copy of them may reach the log meanwhile: staged ones go,
+    /// never sealed; fills in flight are cancelled; new ones are refused).
+    fn begin_write_around(&self, blocks: std::ops::Range<u64>, policy: WriteAroundPolicy) -> Result<bool> {
+        let mut st = self.lock();
+        st.check_poisoned()?;
+        // Above the high watermark, or draining towards the low one after it.
+        let destage_bound = st.destaging || st.index.dirty_len() as u64 > self.dirty_high_blocks;
+        if policy.only_when_destage_bound && !destage_bound {
+            return Ok(false);
+        }
+        if blocks.clone().any(|b| !self.may_write_around(&st, b)) {
+            return Ok(false);
+        }
+        for block in blocks {
+            st.cancel_fill(block);
+            if st.staging.map.get(&block).is_some_and(|&k| st.staging.data[k].1 == EntryKind::DataClean) {
+                st.staging.remove(block, self.bs);
+            }
+            st.around.writing.insert(block);
+        }
+        Ok(true)
+    }
+
+    /// Whether `block`'s copies allow a write-around. Its only copy on the log may be a dirty
+    /// one in a durable record (the Trim, after the backing flush, ends it), or none. A clean
+    /// copy (indexed, or dropped without a record while replay could bring it back) would
+    /// come back after a crash as "the backing device's content" over the new data; so could
+    /// a clean copy below a dirty one not yet durable, or below one in the record in flight.
+    /// A lost block's loss ends through a record (4.8).
+    fn may_write_around(&self, st: &State, block: u64) -> bool {
+        let durable_copy = st.index.get(block).is_none_or(|e| e.dirty && self.position_of(st, &e) < st.durable_tail);
+        durable_copy
+            && !st.lost.contains_key(&block)
+            && !st.around.resurrectable.contains_key(&block)
+            && st.inflight.as_ref().is_none_or(|f| !f.map.contains_key(&block))
+    }
+
+    /// Under the state lock, after the backing write: the blocks' copies leave RAM, and
+    /// those with an older copy on the log owe a backing flush and a Trim.
+    fn end_write_around(&self, st: &mut State, blocks: std::ops::Range<u64>) {
         st.around.gen += 1;
         let gen = st.around.gen;
-        for block in first..first + n {
+        let n = blocks.end - blocks.start;
+        for block in blocks {
             st.cancel_fill(block);
             st.staging.remove(block, self.bs);
-            if let Some(f) = st.inflight.as_mut() {
-                // Not indexed when its record is written (`install_record` indexes only what
-                // the map still names); its copy on the medium is what the Trim is for.
-                f.map.remove(&block);
+            // A Trim staged with newer data of the block (now dropped) goes with it; the
+            // older copy it was for is owed again below.
+            let staged_trim =
+                st.staging.meta.iter().position(|m| m.kind == EntryKind::Trim && m.backing_block == block);
+            if let Some(i) = staged_trim {
+                st.staging.meta.remove(i);
             }
-            st.index.remove(block);
+            let on_log = st.index.remove(block).is_some() || staged_trim.is_some() || st.around.owes_trim(block);
             st.around.untrimmed.remove(&block);
-            st.around.unflushed.insert(block, (gen, false));
+            if on_log {
+                st.around.unflushed.insert(block, gen);
+            }
         }
         st.counters.written_around_blocks += n;
-        st.around.last_ns = Some(self.clock.now_ns());
         st.counters.written_blocks += n;
         st.counters.write_requests += 1;
-        Ok(true)
+        st.around.last_ns = Some(self.clock.now_ns());
     }
 
     /// Whether writes are going around (one in the last `WRITE_AROUND_YIELD_MS`) while the
@@ -206,43 +227,41 @@ impl Volume {
 
     /// Makes every write-around so far durable on the backing device (a backing flush, if
     /// one is owed), so that checkpoints, reclaim records and Trim entries may record the
-    /// drop of older copies. Returns whether Trim entries are owed (`untrimmed`).
+    /// drop of older copies. Call with the around lock held. Returns whether Trim entries
+    /// are owed (`untrimmed`). A failed flush poisons the volume (never retried).
     pub(super) fn settle_write_around(&self) -> Result<bool> {
         let gen = {
             let st = self.lock();
+            st.check_poisoned()?;
             if st.around.gen == st.around.flushed_gen {
                 return Ok(!st.around.untrimmed.is_empty());
             }
             st.around.gen
         };
         if !sabotaged!(self, WriteAroundSkipsBackingFlush) {
-            self.backing.flush().map_err(EngineError::backing)?;
+            if let Err(e) = self.backing.flush() {
+                let e = EngineError::backing(e);
+                self.lock().poison(format!("flushing the backing device after writes around the cache failed: {e}"));
+                return Err(e);
+            }
         }
         let mut st = self.lock();
         st.counters.backing_flushes += 1;
         st.around.flushed_gen = st.around.flushed_gen.max(gen);
-        let flushed: Vec<(u64, bool)> = st
-            .around
-            .unflushed
-            .iter()
-            .filter(|(_, &(g, _))| g <= gen)
-            .map(|(&block, &(_, superseded))| (block, superseded))
-            .collect();
-        for (block, superseded) in flushed {
+        let flushed: Vec<u64> = st.around.unflushed.iter().filter(|(_, &g)| g <= gen).map(|(&b, _)| b).collect();
+        for block in flushed {
             st.around.unflushed.remove(&block);
-            if !superseded {
-                st.around.untrimmed.insert(block);
-            }
+            st.around.untrimmed.insert(block);
         }
         Ok(!st.around.untrimmed.is_empty())
     }
 
-    /// FLUSH's part (io lock held): settles the write-arounds, then puts a Trim entry for
-    /// every block that owes one into staging (metadata goes first in a record, so a write
-    /// through the cache staged after it lands after it), writing records out as staging
-    /// fills. Returns whether any Trim was staged (then FLUSH must write and flush a record
-    /// even if its own writes are durable already).
+    /// FLUSH's part (io lock held): under the around lock, settles the write-arounds, then
+    /// puts a Trim entry for every block that owes one into staging (metadata goes first in
+    /// a record), writing records out as staging fills. Returns whether any Trim was staged
+    /// (then FLUSH must write and flush a record even if its own writes are durable).
     pub(super) fn stage_write_around_trims(&self, io: &mut IoBuffers) -> Result<bool> {
+        let _around = self.lock_around();
         if !self.settle_write_around()? {
             return Ok(false);
         }
@@ -252,12 +271,7 @@ impl Volume {
                 let State { staging, around, .. } = &mut *st;
                 while staging.entries() < staging.limit {
                     let Some(block) = around.untrimmed.pop_first() else { break };
-                    staging.meta.push(RecordEntry {
-                        kind: EntryKind::Trim,
-                        backing_block: block,
-                        data_crc: 0,
-                        ref_position: 0,
-                    });
+                    staging.meta.push(trim_entry(block));
                 }
                 !around.untrimmed.is_empty()
             };

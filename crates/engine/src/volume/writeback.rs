@@ -103,15 +103,7 @@ impl Volume {
         if !keep.iter().any(|&k| k) {
             return Ok(0);
         }
-        let result = self.write_back_kept(&blocks, &data, &keep, started);
-        if result.is_err() {
-            // (On success `mark_written_clean` ended the batch under its lock.)
-            let mut st = self.lock();
-            for (p, _) in blocks.iter().zip(&keep).filter(|(_, &k)| k) {
-                st.around.in_batch.remove(&p.block);
-            }
-        }
-        result
+        self.write_back_kept(&blocks, &data, &keep, started)
     }
 
     /// `destage_blocks` after verification: the kept blocks to the backing device, flushed,
@@ -156,11 +148,11 @@ impl Volume {
         let mut keep = vec![false; blocks.len()];
         let mut suspects = Vec::new();
         {
-            let mut st = self.lock();
+            let st = self.lock();
             for (i, p) in blocks.iter().enumerate() {
                 let current = st.index.get(p.block);
                 let still = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
-                if !still || !st.around.batch_may_write(p.block) {
+                if !still {
                     continue; // overwritten, moved, lost, repaired or written around meanwhile
                 }
                 if checksum(&data[i * bs..(i + 1) * bs]) != p.entry.crc {
@@ -168,7 +160,6 @@ impl Volume {
                     continue;
                 }
                 keep[i] = true;
-                st.around.in_batch.insert(p.block);
             }
         }
         let mut scratch = AlignedBuf::new(bs);
@@ -259,7 +250,6 @@ impl Volume {
             if !keep[i] {
                 continue;
             }
-            st.around.in_batch.remove(&p.block);
             let (marked, ref_position) = if sabotaged!(self, MarkCleanBySlot) {
                 // The old, broken rule: whatever now sits in the slot read, named by the
                 // current tail.
