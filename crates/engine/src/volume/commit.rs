@@ -176,6 +176,8 @@ impl Volume {
         let map = std::mem::replace(&mut st.staging.map, spare_map);
         st.staging.meta.clear();
         st.staging.first_staged_ns = None;
+        // The staged Trims are sealed with the data they came with.
+        st.around.trim_with_data.clear();
         st.inflight = Some(Inflight { buf: Arc::clone(&buf), data, map });
         Self::advance_tail(st, blocks, crc);
         st.sealed += 1;

@@ -69,6 +69,11 @@ pub(super) struct Around {
     resurrectable: HashMap<u64, u64>,
     /// Blocks whose write-around is under way.
     writing: HashSet<u64>,
+    /// Blocks whose staged Trim came with a rewrite through the cache before their
+    /// write-around was flushed: that Trim is safe only in the same record as the rewrite's
+    /// data. (A Trim staged after the settle is safe on its own.) Cleared when staging is
+    /// sealed.
+    pub(super) trim_with_data: HashSet<u64>,
     /// Clock time of the last write-around.
     last_ns: Option<u64>,
 }
@@ -82,7 +87,9 @@ impl Around {
 
     /// The Trim of `block` is staged with newer data of it: nothing more is owed.
     pub(super) fn trim_staged(&mut self, block: u64) {
-        self.unflushed.remove(&block);
+        if self.unflushed.remove(&block).is_some() {
+            self.trim_with_data.insert(block);
+        }
         self.untrimmed.remove(&block);
     }
 
@@ -123,6 +130,11 @@ impl Volume {
         if self.backing.atomic_write_bytes() < self.layout.block_size {
             return Ok(false);
         }
+        // (A first look without the write-around and destage locks: a writer that will not
+        // go around must not wait for a write-back batch to find out.)
+        if policy.only_when_destage_bound && !self.destage_bound(&self.lock()) {
+            return Ok(false);
+        }
         let first = offset / self.bs as u64;
         let blocks = first..first + (data.len() / self.bs) as u64;
         let fingerprints = self.superblock().fingerprint_blocks();
@@ -151,9 +163,7 @@ impl Volume {
     fn begin_write_around(&self, blocks: std::ops::Range<u64>, policy: WriteAroundPolicy) -> Result<bool> {
         let mut st = self.lock();
         st.check_poisoned()?;
-        // Above the high watermark, or draining towards the low one after it.
-        let destage_bound = st.destaging || st.index.dirty_len() as u64 > self.dirty_high_blocks;
-        if policy.only_when_destage_bound && !destage_bound {
+        if policy.only_when_destage_bound && !self.destage_bound(&st) {
             return Ok(false);
         }
         if blocks.clone().any(|b| !self.may_write_around(&st, b)) {
@@ -167,6 +177,11 @@ impl Volume {
             st.around.writing.insert(block);
         }
         Ok(true)
+    }
+
+    /// Above the high watermark, or draining towards the low one after it.
+    fn destage_bound(&self, st: &State) -> bool {
+        st.destaging || st.index.dirty_len() as u64 > self.dirty_high_blocks
     }
 
     /// Whether `block`'s copies allow a write-around. Its only copy on the log may be a dirty
@@ -192,14 +207,15 @@ impl Volume {
         for block in blocks {
             st.cancel_fill(block);
             st.staging.remove(block, self.bs);
-            // A Trim staged with newer data of the block (now dropped) goes with it; the
-            // older copy it was for is owed again below.
-            let staged_trim =
-                st.staging.meta.iter().position(|m| m.kind == EntryKind::Trim && m.backing_block == block);
-            if let Some(i) = staged_trim {
-                st.staging.meta.remove(i);
+            // A Trim staged with newer data of the block before its write-around was flushed
+            // (now dropped) goes with that data; the older copy it was for is owed again
+            // below. A Trim staged after a settle stays: it is safe on its own.
+            let mut dropped_trim = false;
+            if st.around.trim_with_data.remove(&block) {
+                st.staging.meta.retain(|m| !(m.kind == EntryKind::Trim && m.backing_block == block));
+                dropped_trim = true;
             }
-            let on_log = st.index.remove(block).is_some() || staged_trim.is_some() || st.around.owes_trim(block);
+            let on_log = st.index.remove(block).is_some() || dropped_trim || st.around.owes_trim(block);
             st.around.untrimmed.remove(&block);
             if on_log {
                 st.around.unflushed.insert(block, gen);
@@ -261,11 +277,13 @@ impl Volume {
     /// a record), writing records out as staging fills. Returns whether any Trim was staged
     /// (then FLUSH must write and flush a record even if its own writes are durable).
     pub(super) fn stage_write_around_trims(&self, io: &mut IoBuffers) -> Result<bool> {
-        let _around = self.lock_around();
-        if !self.settle_write_around()? {
-            return Ok(false);
-        }
+        let mut staged = false;
         loop {
+            let around = self.lock_around();
+            if !self.settle_write_around()? {
+                return Ok(staged);
+            }
+            staged = true;
             let full = {
                 let mut st = self.lock();
                 let State { staging, around, .. } = &mut *st;
@@ -278,6 +296,9 @@ impl Volume {
             if !full {
                 return Ok(true);
             }
+            // (The record writer may reclaim or checkpoint, which settle under the around
+            // lock themselves: it is not held across.)
+            drop(around);
             self.write_out(io)?;
         }
     }
