@@ -12,7 +12,7 @@
 //!   not one per segment.
 
 use std::sync::Arc;
-use tiercache_device::{BlockDevice, MonotonicClock, SimDevice, SimStats};
+use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
 use tiercache_format::Layout;
 
@@ -58,10 +58,6 @@ fn admit_until(volume: &Volume, first: u64, until: u64) -> u64 {
         b += 16;
     }
     b
-}
-
-fn delta(after: SimStats, before: SimStats) -> (u64, u64, u64) {
-    (after.reads - before.reads, after.writes - before.writes, after.flushes - before.flushes)
 }
 
 #[test]

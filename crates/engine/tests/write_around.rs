@@ -12,7 +12,7 @@
 //!   omits the dropped copy, so the data it leaves to the backing device must be durable.
 
 use std::sync::Arc;
-use tiercache_device::{BlockDevice, MonotonicClock, SimDevice, SimStats};
+use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions, WriteAroundPolicy};
 use tiercache_format::Layout;
 
@@ -51,10 +51,6 @@ fn reopen(cache: &Arc<SimDevice>, backing: &Arc<SimDevice>, only_when_destage_bo
 /// The volume recovered from both devices' durable images (a power cut now).
 fn power_cut(cache: &SimDevice, backing: &SimDevice) -> Volume {
     reopen(&durable_copy(cache), &durable_copy(backing), false)
-}
-
-fn delta(after: SimStats, before: SimStats) -> (u64, u64, u64) {
-    (after.reads - before.reads, after.writes - before.writes, after.flushes - before.flushes)
 }
 
 fn versions(volume: &Volume, first: u64, n: u64) -> Vec<Option<u64>> {

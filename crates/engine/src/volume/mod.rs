@@ -310,6 +310,8 @@ pub struct Volume {
     uuid_low: u64,
     bs: usize,
     backing_blocks: u64,
+    /// The backing device's fingerprint blocks (fixed by its size and the block size).
+    fingerprint_blocks: [u64; FINGERPRINT_BLOCKS],
     options: VolumeOptions,
     /// The log writer's lock; holds its buffers.
     io: Mutex<IoBuffers>,
@@ -380,6 +382,7 @@ impl Volume {
             uuid_low: uuid_low64(&r.superblock.uuid),
             bs,
             backing_blocks: r.superblock.backing_size_bytes / bs as u64,
+            fingerprint_blocks: r.superblock.fingerprint_blocks(),
             options,
             io: Mutex::new(IoBuffers {
                 spare: Some(AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize)),

@@ -137,8 +137,7 @@ impl Volume {
         }
         let first = offset / self.bs as u64;
         let blocks = first..first + (data.len() / self.bs) as u64;
-        let fingerprints = self.superblock().fingerprint_blocks();
-        if fingerprints.iter().any(|b| blocks.contains(b)) {
+        if self.fingerprint_blocks.iter().any(|b| blocks.contains(b)) {
             return Ok(false);
         }
         let _around = self.lock_around();

@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
+use tiercache_device::{BlockDevice, MonotonicClock, SimDevice, SimStats};
 use tiercache_engine::{create, CreateOptions, EngineError, OpenReport, Volume, VolumeOptions};
 use tiercache_format::constants::{CHECKPOINT_ENTRY_SIZE, RECORD_ENTRY_SIZE, RECORD_HEADER_SIZE};
 use tiercache_format::{checksum, uuid_low64, CheckpointEntry, CheckpointHeader, Layout, RecordHeader};
@@ -86,6 +86,11 @@ pub fn corrupt_cached_block(cache: &SimDevice, volume: &Volume, block: u64) {
 /// Writes `block` stamped with `version`.
 pub fn write(v: &Volume, block: u64, version: u64) {
     v.write(block * BS as u64, &stamp(block, version)).unwrap();
+}
+
+/// The (reads, writes, flushes) a device issued between two snapshots of its counters.
+pub fn delta(after: SimStats, before: SimStats) -> (u64, u64, u64) {
+    (after.reads - before.reads, after.writes - before.writes, after.flushes - before.flushes)
 }
 
 /// The volume recovered from a power-cut image of the cache device, with the backing
