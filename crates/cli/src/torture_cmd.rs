@@ -149,6 +149,7 @@ struct ConcurrentSummary {
     lost_block_errors: u64,
     scheduling_steps: u64,
     records_written: u64,
+    overlapped_record_writes: u64,
     destaged_blocks: u64,
     copied_forward_blocks: u64,
     written_around_blocks: u64,
@@ -189,6 +190,7 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
         s.lost_block_errors += r.lost_block_errors;
         s.scheduling_steps += r.scheduling_steps;
         s.records_written += r.records_written;
+        s.overlapped_record_writes += r.overlapped_record_writes;
         s.destaged_blocks += r.destaged_blocks;
         s.copied_forward_blocks += r.copied_forward_blocks;
         s.written_around_blocks += r.written_around_blocks;

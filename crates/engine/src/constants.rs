@@ -7,6 +7,12 @@ pub const RECORD_ENTRIES: usize = MAX_RECORD_ENTRIES;
 /// Blocks of the largest record: its header plus one data block per entry.
 pub const MAX_RECORD_BLOCKS: u64 = 1 + RECORD_ENTRIES as u64;
 
+/// Records whose writes may be in progress at once (the record writer's pipeline): a writer
+/// that fills staging seals it and writes it without waiting for the records before it, so
+/// a stream of large writes keeps this many record writes in flight on the cache device.
+/// Each costs one record buffer (`MAX_RECORD_BLOCKS` blocks) of RAM.
+pub const RECORD_PIPELINE_DEPTH: usize = 4;
+
 /// Take a checkpoint when the log written since the last one exceeds this share of the log
 /// (per mille). Smaller: faster recovery, more checkpoint writes.
 pub const CHECKPOINT_INTERVAL_PERMILLE: u64 = 250;

@@ -27,11 +27,14 @@ pub enum Sabotage {
     /// Write-around: Trim entries, checkpoints and reclaim records record the drop of older
     /// copies without the backing flush that makes the written-around data durable first.
     WriteAroundSkipsBackingFlush,
+    /// The record pipeline: FLUSH seals, writes and flushes without waiting for the record
+    /// writes still in progress, so it reports durable records the cache flush may not cover.
+    FlushIgnoresRecordPipeline,
 }
 
 #[cfg(feature = "testing")]
 impl Sabotage {
-    pub const ALL: [Sabotage; 7] = [
+    pub const ALL: [Sabotage; 8] = [
         Sabotage::FlushSkipsCacheFlush,
         Sabotage::ReclaimSkipsMarkerFlush,
         Sabotage::DestageSkipsBackingFlush,
@@ -39,6 +42,7 @@ impl Sabotage {
         Sabotage::LostInRamOnly,
         Sabotage::NoRecoveryEpoch,
         Sabotage::WriteAroundSkipsBackingFlush,
+        Sabotage::FlushIgnoresRecordPipeline,
     ];
 
     pub fn name(self) -> &'static str {
@@ -51,6 +55,7 @@ impl Sabotage {
             Sabotage::LostInRamOnly => "lost-in-ram-only",
             Sabotage::NoRecoveryEpoch => "no-recovery-epoch",
             Sabotage::WriteAroundSkipsBackingFlush => "write-around-skips-backing-flush",
+            Sabotage::FlushIgnoresRecordPipeline => "flush-ignores-record-pipeline",
         }
     }
 }

@@ -164,6 +164,8 @@ pub struct SimReport {
     pub lost_block_errors: u64,
     pub scheduling_steps: u64,
     pub records_written: u64,
+    /// Records sealed while an older one's write was in progress (the record pipeline).
+    pub overlapped_record_writes: u64,
     pub destaged_blocks: u64,
     pub reclaimed_blocks: u64,
     pub copied_forward_blocks: u64,
@@ -874,8 +876,13 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         }) as Arc<dyn BlockDevice>
     };
     // The cache: tens of microseconds. The backing device: an HDD or a RAID5 under load.
+    // In half the seeds (their own stream) cache writes take 3 to 20 ms, a busy device: a
+    // record write then spans many scheduling steps, and other writers fill and seal the
+    // next records while it is in progress (the record pipeline, commit.rs).
+    let slow_cache_writes = ChaCha8Rng::seed_from_u64(config.seed ^ 0x51c0_ca4e).gen_bool(0.5);
+    let cache_write_ns = if slow_cache_writes { (3_000_000, 20_000_000) } else { (20_000, 100_000) };
     let unscaled = Arc::new(AtomicU64::new(1));
-    let cache = timed(&cache_sim, (10_000, 50_000), (20_000, 100_000), (50_000, 200_000), 0.0, 1, &unscaled);
+    let cache = timed(&cache_sim, (10_000, 50_000), cache_write_ns, (50_000, 200_000), 0.0, 1, &unscaled);
     let backing = timed(
         &backing_sim,
         (500_000, 5_000_000),
@@ -922,7 +929,10 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         },
         _ => WriteAroundPolicy::default(),
     };
-    let options = VolumeOptions { sabotage: config.sabotage, write_around, ..VolumeOptions::default() };
+    // Slow cache writes come with small records (3 to 6 entries), so that several fit between
+    // two reclaims and the pipeline fills (see `VolumeOptions::record_entries`).
+    let record_entries = slow_cache_writes.then(|| 3 + (config.seed % 4) as usize);
+    let options = VolumeOptions { sabotage: config.sabotage, write_around, record_entries, ..VolumeOptions::default() };
     for cycle in 0..cycles {
         world.cycle.store(cycle, Ordering::Relaxed);
         report.cycles = cycle + 1;
@@ -946,6 +956,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         let clean = run_cycle(sched, &world, &volume, &cache_sim, &backing_sim, &mut rng, config, &shape);
         let st = volume.status();
         report.records_written += st.counters.records_written;
+        report.overlapped_record_writes += st.counters.overlapped_record_writes;
         report.destaged_blocks += st.counters.destaged_blocks;
         report.reclaimed_blocks += st.counters.reclaimed_blocks;
         report.copied_forward_blocks += st.counters.copied_forward_blocks;

@@ -48,13 +48,14 @@ impl Volume {
             (st.pending_meta.len() > RECORD_ENTRIES, st.staging.data.len() >= st.staging.data_limit())
         };
         if stale || meta_backlog || full {
-            if let Some(mut io) = self.try_lock_io() {
-                for _ in 0..META_RECORDS_PER_TICK {
-                    self.write_out(&mut io)?;
-                    if self.lock().pending_meta.len() <= RECORD_ENTRIES {
-                        break;
-                    }
+            // (In the pipeline: writers sealing the next records need not wait for these.)
+            let Some(mut io) = self.try_lock_io_to_seal() else { return Ok(()) };
+            for _ in 0..META_RECORDS_PER_TICK {
+                self.write_out_pipelined(io)?;
+                if self.lock().pending_meta.len() <= RECORD_ENTRIES {
+                    break;
                 }
+                io = self.lock_io_to_seal();
             }
         }
         Ok(())

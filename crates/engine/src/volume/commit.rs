@@ -5,13 +5,13 @@
 
 use super::*;
 
-/// A record sealed from staging, between its seal and the end of its write.
+/// A sealed record, between its seal and the end of its write (its `Inflight` entry holds
+/// the rest).
 struct Sealed {
     position: u64,
     blocks: u64,
     buf: Arc<AlignedBuf>,
-    /// Blocks whose Lost entry this record carries.
-    losses: Vec<u64>,
+    writing: Arc<Mutex<()>>,
 }
 
 impl Volume {
@@ -24,7 +24,7 @@ impl Volume {
             st.counters.flush_requests += 1;
             st.sealed + u64::from(st.staging.has_dirty())
         };
-        let mut io = self.lock_io();
+        let mut io = if sabotaged!(self, FlushIgnoresRecordPipeline) { self.lock_io_to_seal() } else { self.lock_io() };
         // Writes that went around the cache: a backing flush, then their Trim entries.
         let trims = self.stage_write_around_trims(&mut io)?;
         {
@@ -66,39 +66,104 @@ impl Volume {
         Ok(())
     }
 
-    /// Seals and writes whatever is staged (no flush).
+    /// Makes room in staging for a writer that found it full: seals it into a record and
+    /// writes it without waiting for the records before it (up to `RECORD_PIPELINE_DEPTH`
+    /// writes in flight), so that a stream of large writes keeps the cache device busy
+    /// instead of one record write at a time. A writer that finds staging already sealed by
+    /// another meanwhile returns at once (sealing a few blocks would waste a record).
     pub(super) fn commit(&self) -> Result<()> {
-        let mut io = self.lock_io();
-        self.write_out(&mut io)
+        let io = self.lock_io_to_seal();
+        {
+            let st = self.lock();
+            st.check_poisoned()?;
+            if st.staging.entries() + 2 <= st.staging.limit && st.staging.data.len() < st.staging.data_limit() {
+                return Ok(());
+            }
+        }
+        self.write_out_pipelined(io)
+    }
+
+    /// `write_out` in the pipeline: seals what is staged and writes it, letting the io lock
+    /// (`io`, taken with `lock_io_to_seal`) go during the write.
+    pub(super) fn write_out_pipelined(&self, mut io: IoGuard<'_>) -> Result<()> {
+        let Some(mut st) = self.staged_with_room(&mut io)? else { return Ok(()) };
+        let sealed = self.seal_staging(&mut st);
+        drop(st);
+        // Taken before the io lock is let go: whoever takes the io lock next and needs the
+        // log quiet waits for this write (`drain_records`).
+        let writing = Arc::clone(&sealed.writing);
+        let write = self.lock_record_write(&writing);
+        drop(io);
+        let written = self.write_sealed(sealed);
+        drop(write);
+        written?;
+        if self.checkpoint_due() {
+            let _io = self.lock_io();
+            if self.checkpoint_due() {
+                self.checkpoint_locked()?;
+            }
+        }
+        Ok(())
     }
 
     /// Seals the staging buffer into a record and writes it at the tail, reclaiming space
-    /// first if needed. Called with the io lock held (`io` is the lock's content).
+    /// first if needed. Called with the io lock held and no record write in progress
+    /// (`lock_io`; `io` is the lock's content).
     pub(super) fn write_out(&self, io: &mut IoBuffers) -> Result<()> {
+        debug_assert!(
+            self.oldest_record_writing().is_none() || sabotaged!(self, FlushIgnoresRecordPipeline),
+            "write_out with a record write in progress"
+        );
         let Some(mut st) = self.staged_with_room(io)? else { return Ok(()) };
-        let sealed = self.seal_staging(&mut st, io);
+        let sealed = self.seal_staging(&mut st);
         drop(st);
-
-        let bs = self.bs;
-        let result = self.write_log(sealed.position, &sealed.buf[..sealed.blocks as usize * bs]);
-        // (On failure the record stays in `inflight`: reads keep seeing its data; nothing
-        // more is written.)
-        self.cache_io("writing a log record", result)?;
-        let mut st = self.lock();
-        self.install_record(&mut st, io, sealed);
-        self.check_invariants(&st);
-        let due = st.tail - st.checkpoint_position
-            > self.layout.log_blocks * self.options.checkpoint_interval_permille / 1000;
-        drop(st);
-        if due {
+        self.write_sealed(sealed)?;
+        if self.checkpoint_due() {
             self.checkpoint_locked()?;
         }
         Ok(())
     }
 
+    /// Whether the log written since the last checkpoint calls for another.
+    fn checkpoint_due(&self) -> bool {
+        let st = self.lock();
+        st.tail - st.checkpoint_position > self.layout.log_blocks * self.options.checkpoint_interval_permille / 1000
+    }
+
+    /// Writes a sealed record, then marks it written; the records written so far in
+    /// sequence order enter the index (`install_record`: a record written before an older
+    /// one waits in flight for it).
+    fn write_sealed(&self, sealed: Sealed) -> Result<()> {
+        let Sealed { position, blocks, buf, writing: _ } = sealed;
+        let result = self.write_log(position, &buf[..blocks as usize * self.bs]);
+        drop(buf);
+        let ok = result.is_ok();
+        // (On failure the record stays in flight: reads keep seeing its data; nothing more
+        // is written, and the records after it never enter the index.)
+        let outcome = self.cache_io("writing a log record", result);
+        let mut st = self.lock();
+        let record = st.inflight.iter_mut().find(|r| r.position == position).expect("a sealed record is in flight");
+        record.done = Some(ok);
+        while st.inflight.front().is_some_and(|r| r.done == Some(true)) {
+            let record = st.inflight.pop_front().expect("checked");
+            self.install_record(&mut st, record);
+        }
+        self.check_invariants(&st);
+        outcome
+    }
+
+    /// Waits for the oldest record write in progress to end (io lock held): the record
+    /// buffer it holds is free afterwards, or the volume is poisoned.
+    fn wait_for_oldest_record(&self) {
+        if let Some(writing) = self.oldest_record_writing() {
+            drop(self.lock_record_write(&writing));
+        }
+    }
+
     /// Fills the staging record's metadata (unlogged losses, queued MarkClean entries: the
-    /// only kind queued) and makes room for it at the tail, reclaiming as needed. Returns the
-    /// state guard with room for the record, or `None` if there is nothing to write.
+    /// only kind queued) and makes room for it at the tail, reclaiming as needed, with a
+    /// record buffer free. Returns the state guard with room for the record, or `None` if
+    /// there is nothing to write.
     fn staged_with_room(&self, io: &mut IoBuffers) -> Result<Option<StateGuard<'_>>> {
         loop {
             let mut st = self.lock();
@@ -113,12 +178,20 @@ impl Volume {
             if st.staging.is_empty() {
                 return Ok(None);
             }
+            if st.spare_bufs.is_empty() {
+                // The pipeline is full: the oldest record write frees a buffer.
+                drop(st);
+                self.wait_for_oldest_record();
+                continue;
+            }
             let blocks = 1 + st.staging.data.len() as u64;
             let need = blocks + self.reclaim_reserve();
             if st.tail + need <= st.head + self.layout.log_blocks {
                 return Ok(Some(st));
             }
             drop(st);
+            // Reclaim and its checkpoint need the log quiet.
+            self.drain_records();
             self.reclaim(io, need)?;
         }
     }
@@ -145,9 +218,9 @@ impl Volume {
     }
 
     /// Seals staging into a record at the tail: encodes its header, swaps the buffer out for
-    /// the spare one (staging starts empty) and makes it the record in flight, which reads
-    /// are served from until it is written.
-    fn seal_staging(&self, st: &mut State, io: &mut IoBuffers) -> Sealed {
+    /// a spare one (staging starts empty) and adds it to the records in flight, which reads
+    /// are served from until it is in the index.
+    fn seal_staging(&self, st: &mut State) -> Sealed {
         let bs = self.bs;
         let blocks = 1 + st.staging.data.len() as u64;
         let position = st.tail;
@@ -168,9 +241,9 @@ impl Volume {
         let header = self.record_header(st, st.head, entries);
         let crc = header.encode(self.uuid_low, &mut st.staging.buf[..bs]);
         let losses = header.entries.iter().filter(|e| e.kind == EntryKind::Lost).map(|e| e.backing_block).collect();
-        let fresh = io.spare.take().expect("spare record buffer present while not poisoned");
+        let fresh = st.spare_bufs.pop().expect("staged_with_room leaves a record buffer free");
         let buf = Arc::new(std::mem::replace(&mut st.staging.buf, fresh));
-        // The containers swap with the previous record's (recycled, so no allocation here).
+        // The containers swap with a written record's (recycled, so usually no allocation).
         let (spare_data, spare_map) = (std::mem::take(&mut st.spare_data), std::mem::take(&mut st.spare_map));
         let data = std::mem::replace(&mut st.staging.data, spare_data);
         let map = std::mem::replace(&mut st.staging.map, spare_map);
@@ -178,7 +251,20 @@ impl Volume {
         st.staging.first_staged_ns = None;
         // The staged Trims are sealed with the data they came with.
         st.around.trim_with_data.clear();
-        st.inflight = Some(Inflight { buf: Arc::clone(&buf), data, map });
+        if st.inflight.iter().any(|r| r.done.is_none()) {
+            st.counters.overlapped_record_writes += 1;
+        }
+        let writing = Arc::new(Mutex::new(()));
+        st.inflight.push_back(Inflight {
+            position,
+            blocks,
+            buf: Arc::clone(&buf),
+            data,
+            map,
+            losses,
+            writing: Arc::clone(&writing),
+            done: None,
+        });
         Self::advance_tail(st, blocks, crc);
         st.sealed += 1;
         let now = self.clock.now_ns();
@@ -192,13 +278,14 @@ impl Volume {
             st.tail + self.reclaim_reserve() <= st.head + self.layout.log_blocks,
             "the reclaim reserve stays free"
         );
-        Sealed { position, blocks, buf, losses }
+        Sealed { position, blocks, buf, writing }
     }
 
-    /// A sealed record was written: its blocks enter the index, losses it logged or
-    /// superseded are settled, and its containers go back to the spares.
-    fn install_record(&self, st: &mut State, io: &mut IoBuffers, sealed: Sealed) {
-        let Sealed { position: pos, blocks, buf, losses } = sealed;
+    /// A record was written, and every record before it: its blocks enter the index, losses
+    /// it logged or superseded are settled, and its buffer and containers go back to the
+    /// spares.
+    fn install_record(&self, st: &mut State, record: Inflight) {
+        let Inflight { position: pos, blocks, buf, mut data, mut map, losses, .. } = record;
         st.written_tail = pos + blocks;
         for e in losses {
             if let Some(l) = st.lost.get_mut(&e) {
@@ -207,9 +294,8 @@ impl Volume {
                 }
             }
         }
-        let mut inflight = st.inflight.take().expect("inflight record");
-        for (k, &(block, kind, crc)) in inflight.data.iter().enumerate() {
-            if inflight.map.get(&block) == Some(&k) {
+        for (k, &(block, kind, crc)) in data.iter().enumerate() {
+            if map.get(&block) == Some(&k) {
                 let slot = self.layout.slot(pos + 1 + k as u64);
                 st.index
                     .insert(block, IndexEntry { slot, dirty: kind == EntryKind::DataDirty, referenced: false, crc });
@@ -221,11 +307,10 @@ impl Volume {
             }
         }
         st.counters.records_written += 1;
-        inflight.data.clear();
-        inflight.map.clear();
-        st.spare_data = std::mem::take(&mut inflight.data);
-        st.spare_map = std::mem::take(&mut inflight.map);
-        drop(inflight);
-        io.spare = Some(Arc::try_unwrap(buf).expect("no other owner of a written record buffer"));
+        data.clear();
+        map.clear();
+        st.spare_data = data;
+        st.spare_map = map;
+        st.spare_bufs.push(Arc::try_unwrap(buf).expect("no other owner of a written record buffer"));
     }
 }

@@ -1,5 +1,5 @@
-//! The lock order the module header states (`rmw -> io -> destage -> state`, the superblock's
-//! lock a leaf), checked: in debug builds and with the `testing` feature (which the
+//! The lock order the module header states (`rmw -> io -> record -> around -> destage ->
+//! state`, the superblock's lock a leaf), checked: in debug builds and with the `testing` feature (which the
 //! simulators and the engine's tests turn on), each thread keeps the ranks of the locks it
 //! holds, per volume, and taking a lock of a volume whose rank is not above all of that
 //! volume's locks it holds panics before it can deadlock. (Per volume: one volume may be
@@ -14,6 +14,9 @@ use std::ops::{Deref, DerefMut};
 pub(super) enum Rank {
     Rmw,
     Io,
+    /// A record write in progress (`commit.rs`): its writer holds it from the seal to the
+    /// end of the write, and the io lock's holders wait on it to drain the pipeline.
+    Record,
     Around,
     Destage,
     State,
@@ -44,7 +47,7 @@ mod held {
             if let Some(top) = top {
                 assert!(
                     top < rank,
-                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> around -> destage -> state -> superblock)"
+                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> record -> around -> destage -> state -> superblock)"
                 );
             }
         });

@@ -20,18 +20,23 @@ impl Volume {
     }
 
     /// Puts the Lost entries not yet logged into the staging record being sealed (metadata
-    /// goes first in a record). A block with data in this same record is skipped: that data
-    /// supersedes the loss, and its entry leaves `lost` when the record is written.
+    /// goes first in a record). A block with data in this same record, or in one sealed
+    /// before it and still in flight, is skipped: that data supersedes the loss, and its entry
+    /// leaves `lost` when the record is written.
     pub(super) fn stage_lost_entries(&self, st: &mut State) {
         if sabotaged!(self, LostInRamOnly) || st.lost.values().all(|l| l.logged != Logged::No) {
             return;
         }
-        let State { lost, staging, .. } = st;
+        let State { lost, staging, inflight, .. } = st;
         for (&block, l) in lost.iter_mut() {
             if staging.entries() >= staging.limit {
                 break;
             }
-            let superseded = staging.map.get(&block).is_some_and(|&i| staging.data[i].1 == EntryKind::DataDirty);
+            // (Or in a record sealed before this one whose write is still in progress: this
+            // record follows it in the log, and a Lost entry after newer data would bring
+            // the loss back on replay.)
+            let superseded = staging.map.get(&block).is_some_and(|&i| staging.data[i].1 == EntryKind::DataDirty)
+                || inflight.iter().any(|r| r.map.get(&block).is_some_and(|&i| r.data[i].1 == EntryKind::DataDirty));
             if l.logged != Logged::No || superseded {
                 continue;
             }
@@ -50,7 +55,7 @@ impl Volume {
     /// still names that position and that no newer data of the block is in flight. The
     /// block reads as an I/O error until rewritten (unless staging already holds newer data).
     pub(super) fn declare_lost(&self, st: &mut State, block: u64, position: u64, crc: u32) {
-        debug_assert!(st.inflight.as_ref().is_none_or(|f| !f.map.contains_key(&block)));
+        debug_assert!(!st.is_in_flight(block));
         st.index.remove(block);
         st.cancel_fill(block);
         tracing::error!(block, position, "dirty block failed its checksum on the cache device: lost");

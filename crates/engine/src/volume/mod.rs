@@ -32,12 +32,15 @@
 //!   staging buffer is sealed into a log record (header + data, one sequential write).
 //! - `flush` seals what is staged, writes it, and flushes the cache device once; concurrent
 //!   callers share that flush (group commit). The backing device is not touched.
-//! - `read` serves staging, the record being written, the cache device (checksum-verified),
+//! - a writer that finds staging full seals it and writes the record without holding the io
+//!   lock, so up to `RECORD_PIPELINE_DEPTH` record writes are in flight (`commit.rs`).
+//! - `read` serves staging, the records being written, the cache device (checksum-verified),
 //!   or the backing device (admitting small misses into the cache as clean blocks).
 //!
 //! Locks, always taken in this order: `rmw` (read-modify-write of partial blocks),
-//! `io` (the log writer: one record write, reclaim or checkpoint at a time, in sequence
-//! order), `around` (one write-around at a time, and none between the backing flush that
+//! `io` (the log writer: records sealed in sequence order; reclaim, checkpoints and FLUSH
+//! with no record write in progress), `record` (a record write in the pipeline, held by its
+//! writer from the seal to the end of the write: `lock_io` waits on it), `around` (one write-around at a time, and none between the backing flush that
 //! settles them and the checkpoint or reclaim record relying on it: `write_around.rs`),
 //! `destage` (one write-back batch at a time, so a block is never written back twice
 //! concurrently), `state` (index, staging, positions; never held across I/O). The
@@ -83,6 +86,8 @@ pub(crate) use log_io::read_log;
 
 /// The state lock's guard (see `lock_order`).
 type StateGuard<'a> = lock_order::Ranked<MutexGuard<'a, State>>;
+/// The io lock's guard.
+type IoGuard<'a> = lock_order::Ranked<MutexGuard<'a, IoBuffers>>;
 
 use crate::constants::*;
 use crate::error::{Corruption, EngineError, Result};
@@ -117,6 +122,12 @@ pub struct VolumeOptions {
     /// Test machinery: a deliberately broken commit order (the `testing` feature).
     #[cfg(feature = "testing")]
     pub sabotage: crate::Sabotage,
+    /// Test machinery: at most this many entries per record (the `testing` feature). The
+    /// simulator's logs are tiny, and with full-size records every seal there needs a
+    /// reclaim, which waits for the record writes in progress: smaller records let several
+    /// be in flight between reclaims, as on a real log.
+    #[cfg(feature = "testing")]
+    pub record_entries: Option<usize>,
 }
 
 impl Default for VolumeOptions {
@@ -128,24 +139,37 @@ impl Default for VolumeOptions {
             write_around: WriteAroundPolicy::default(),
             #[cfg(feature = "testing")]
             sabotage: crate::Sabotage::None,
+            #[cfg(feature = "testing")]
+            record_entries: None,
         }
     }
 }
 
-/// The log writer's buffers, owned by its lock: the next staging buffer, and the buffer in
-/// which reclaim assembles the record of blocks it copies forward.
+/// The log writer's buffer, owned by its lock: where reclaim assembles the record of blocks
+/// it copies forward.
 struct IoBuffers {
-    spare: Option<AlignedBuf>,
     copy: AlignedBuf,
 }
 
-/// A sealed record whose write is in progress (or failed): reads are served from it.
+/// A sealed record not yet in the index: its write is in progress, or done but waiting for
+/// an older record's (records enter the index in sequence order), or failed. Reads are
+/// served from it meanwhile.
 struct Inflight {
+    position: u64,
+    blocks: u64,
     buf: Arc<AlignedBuf>,
     /// The sealed data entries (recycled into staging once written).
     data: Vec<(u64, EntryKind, u32)>,
     /// Backing block -> data index.
     map: HashMap<u64, usize>,
+    /// Blocks whose Lost entry this record carries.
+    losses: Vec<u64>,
+    /// Held by the record's writer from the seal to the end of the write: the io lock's
+    /// holders wait on it (`drain_records`).
+    writing: Arc<Mutex<()>>,
+    /// The write returned: `Some(true)` written, `Some(false)` failed (the volume is
+    /// poisoned and the record stays here, so reads keep seeing its data).
+    done: Option<bool>,
 }
 
 /// Counters, reported by `status`.
@@ -159,6 +183,9 @@ pub struct Counters {
     pub admitted_blocks: u64,
     pub written_blocks: u64,
     pub records_written: u64,
+    /// Records sealed while an older record's write was still in progress (the pipeline).
+    #[serde(default)]
+    pub overlapped_record_writes: u64,
     pub cache_flushes: u64,
     pub destaged_blocks: u64,
     pub backing_flushes: u64,
@@ -177,7 +204,11 @@ pub struct Counters {
 struct State {
     index: Index,
     staging: Staging,
-    inflight: Option<Inflight>,
+    /// Sealed records not yet in the index, oldest first (at most `RECORD_PIPELINE_DEPTH`).
+    inflight: VecDeque<Inflight>,
+    /// Record buffers free for the next seal (the pipeline's depth: a seal waits for the
+    /// oldest record in flight when there is none).
+    spare_bufs: Vec<AlignedBuf>,
     /// Oldest live log position (everything below it may be overwritten).
     head: u64,
     /// Next log position to write (a record boundary).
@@ -226,6 +257,16 @@ struct State {
 }
 
 impl State {
+    /// The newest copy of `block` in a sealed record not yet in the index.
+    fn in_flight(&self, block: u64, bs: usize) -> Option<&[u8]> {
+        self.inflight.iter().rev().find_map(|r| r.map.get(&block).map(|&k| &r.buf[(1 + k) * bs..(2 + k) * bs]))
+    }
+
+    /// Whether a sealed record not yet in the index holds `block`.
+    fn is_in_flight(&self, block: u64) -> bool {
+        self.inflight.iter().any(|r| r.map.contains_key(&block))
+    }
+
     fn check_poisoned(&self) -> Result<()> {
         match &self.poisoned {
             Some(reason) => Err(EngineError::Poisoned { reason: reason.clone() }),
@@ -369,7 +410,10 @@ impl Volume {
         assert!(layout.log_blocks <= tiercache_format::constants::MAX_LOG_BLOCKS);
         // A record, plus reclaim's reserve, must fit in a small part of the log.
 
-        let staging_limit = RECORD_ENTRIES.min((layout.log_blocks / 8) as usize).max(2);
+        let staging_limit = RECORD_ENTRIES.min((layout.log_blocks / 8) as usize);
+        #[cfg(feature = "testing")]
+        let staging_limit = options.record_entries.map_or(staging_limit, |n| staging_limit.min(n));
+        let staging_limit = staging_limit.max(2);
         let watermarks = options
             .dirty_watermarks_permille
             .unwrap_or((r.superblock.dirty_low_permille, r.superblock.dirty_high_permille));
@@ -384,17 +428,17 @@ impl Volume {
             backing_blocks: r.superblock.backing_size_bytes / bs as u64,
             fingerprint_blocks: r.superblock.fingerprint_blocks(),
             options,
-            io: Mutex::new(IoBuffers {
-                spare: Some(AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize)),
-                copy: AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize),
-            }),
+            io: Mutex::new(IoBuffers { copy: AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize) }),
             staging_limit,
             destage: Mutex::new(0),
             around: Mutex::new(()),
             state: Mutex::new(State {
                 index: r.index,
                 staging: Staging::new(bs, staging_limit),
-                inflight: None,
+                inflight: VecDeque::with_capacity(RECORD_PIPELINE_DEPTH),
+                spare_bufs: (0..RECORD_PIPELINE_DEPTH)
+                    .map(|_| AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize))
+                    .collect(),
                 head: r.head,
                 tail: r.tail,
                 next_seq: r.next_seq,
@@ -454,15 +498,52 @@ impl Volume {
         })
     }
 
-    /// The log writer's lock.
-    fn lock_io(&self) -> lock_order::Ranked<MutexGuard<'_, IoBuffers>> {
-        lock_order::ranked(self.lock_owner(), lock_order::Rank::Io, || self.io.lock().expect("io lock"))
+    /// The log writer's lock, with no record write in progress: its holder alone writes the
+    /// log (records, reclaim, checkpoints) until it lets go. It waits for the pipeline's
+    /// writes to end (`drain_records`).
+    fn lock_io(&self) -> IoGuard<'_> {
+        let io = self.lock_io_to_seal();
+        self.drain_records();
+        io
     }
 
     /// The log writer's lock if it is free (a reader's or the background's opportunistic
-    /// record write).
-    fn try_lock_io(&self) -> Option<lock_order::Ranked<MutexGuard<'_, IoBuffers>>> {
+    /// record write), drained as `lock_io`.
+    fn try_lock_io(&self) -> Option<IoGuard<'_>> {
+        let io = lock_order::try_ranked(self.lock_owner(), lock_order::Rank::Io, || self.io.try_lock().ok())?;
+        self.drain_records();
+        Some(io)
+    }
+
+    /// `lock_io_to_seal` if the lock is free.
+    fn try_lock_io_to_seal(&self) -> Option<IoGuard<'_>> {
         lock_order::try_ranked(self.lock_owner(), lock_order::Rank::Io, || self.io.try_lock().ok())
+    }
+
+    /// The log writer's lock, record writes possibly still in progress: enough to seal the
+    /// next record (`commit`), not to reclaim, checkpoint or flush.
+    fn lock_io_to_seal(&self) -> IoGuard<'_> {
+        lock_order::ranked(self.lock_owner(), lock_order::Rank::Io, || self.io.lock().expect("io lock"))
+    }
+
+    /// Waits until no record write is in progress (io lock held, so no new one starts).
+    /// A failed write counts as ended: the volume is poisoned, and its record stays in
+    /// flight for reads.
+    fn drain_records(&self) {
+        while let Some(writing) = self.oldest_record_writing() {
+            drop(self.lock_record_write(&writing));
+        }
+    }
+
+    /// The oldest record whose write has not returned.
+    fn oldest_record_writing(&self) -> Option<Arc<Mutex<()>>> {
+        let st = self.lock();
+        st.inflight.iter().find(|r| r.done.is_none()).map(|r| Arc::clone(&r.writing))
+    }
+
+    /// A record's write lock (see `Inflight::writing`).
+    fn lock_record_write<'a>(&self, writing: &'a Mutex<()>) -> lock_order::Ranked<MutexGuard<'a, ()>> {
+        lock_order::ranked(self.lock_owner(), lock_order::Rank::Record, || writing.lock().expect("record write lock"))
     }
 
     /// The write-around lock: one write-around at a time, and none between the backing

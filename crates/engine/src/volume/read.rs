@@ -50,9 +50,8 @@ impl Volume {
                 out.copy_from_slice(st.staging.block(k, bs));
                 plan.push(Source::Copied);
                 st.counters.read_hit_blocks += 1;
-            } else if let Some(k) = st.inflight.as_ref().and_then(|f| f.map.get(&block).copied()) {
-                let f = st.inflight.as_ref().expect("checked");
-                out.copy_from_slice(&f.buf[(1 + k) * bs..(2 + k) * bs]);
+            } else if let Some(data) = st.in_flight(block, bs) {
+                out.copy_from_slice(data);
                 plan.push(Source::Copied);
                 st.counters.read_hit_blocks += 1;
             } else if st.lost.contains_key(&block) {
@@ -166,11 +165,9 @@ impl Volume {
                     out.copy_from_slice(st.staging.block(k, bs));
                     return Ok(());
                 }
-                if let Some(f) = &st.inflight {
-                    if let Some(&k) = f.map.get(&block) {
-                        out.copy_from_slice(&f.buf[(1 + k) * bs..(2 + k) * bs]);
-                        return Ok(());
-                    }
+                if let Some(data) = st.in_flight(block, bs) {
+                    out.copy_from_slice(data);
+                    return Ok(());
                 }
                 if st.lost.contains_key(&block) {
                     return Err(EngineError::LostBlock { block });
@@ -192,7 +189,7 @@ impl Volume {
             let mut st = self.lock();
             let current = st.index.get(block).map(|c| (self.position_of(&st, &c), c.dirty));
             let newer_in_ram =
-                st.staging.map.contains_key(&block) || st.inflight.as_ref().is_some_and(|f| f.map.contains_key(&block));
+                st.staging.map.contains_key(&block) || st.is_in_flight(block);
             if current != Some((position, entry.dirty)) || newer_in_ram {
                 // Moved, rewritten, or written back (now clean, by the batch waited for)
                 // meanwhile: look again.

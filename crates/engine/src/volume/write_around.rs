@@ -194,7 +194,7 @@ impl Volume {
         durable_copy
             && !st.lost.contains_key(&block)
             && !st.around.resurrectable.contains_key(&block)
-            && st.inflight.as_ref().is_none_or(|f| !f.map.contains_key(&block))
+            && !st.is_in_flight(block)
     }
 
     /// Under the state lock, after the backing write: the blocks' copies leave RAM, and

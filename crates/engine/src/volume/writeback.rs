@@ -167,7 +167,7 @@ impl Volume {
             let on_backing = self.backing_holds(p.block, p.entry.crc, &mut scratch);
             let mut st = self.lock();
             let still = st.index.get(p.block).is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
-            let newer_in_flight = st.inflight.as_ref().is_some_and(|f| f.map.contains_key(&p.block));
+            let newer_in_flight = st.is_in_flight(p.block);
             if still && !newer_in_flight {
                 self.settle_bad_dirty_copy(&mut st, p, on_backing);
             }

@@ -108,6 +108,8 @@ pub enum Hold {
     ReadBefore(usize),
     /// The `n`-th flush from now (0 = the next one), before it reaches the medium.
     Flush(u32),
+    /// The next write of at least this many blocks, before it reaches the medium.
+    WriteOf(usize),
 }
 
 #[derive(Default)]
@@ -200,6 +202,7 @@ impl Gate {
         let mut g = self.st.lock().unwrap();
         let matches = match (g.hold, op) {
             (Some(Hold::ReadBefore(min)), Hold::ReadBefore(n)) => n >= min,
+            (Some(Hold::WriteOf(min)), Hold::WriteOf(n)) => n >= min,
             (Some(Hold::Flush(0)), Hold::Flush(_)) => true,
             (Some(Hold::Flush(k)), Hold::Flush(_)) => {
                 g.hold = Some(Hold::Flush(k - 1));
@@ -231,6 +234,7 @@ impl BlockDevice for Gate {
         self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
+        self.maybe_hold(Hold::WriteOf(buf.len() / BS));
         {
             let mut g = self.st.lock().unwrap();
             if g.snap_after_flushes == Some(0) {
