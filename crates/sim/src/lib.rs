@@ -1497,7 +1497,9 @@ mod tests {
     /// destage-skips-backing-flush 94, seed 0; flush-skips-cache-flush 11, seed 8;
     /// lost-in-ram-only 9, seed 5; no-recovery-epoch 7, seed 16; mark-clean-by-slot 10 of
     /// 60, seed 18; reclaim-skips-marker-flush 1, seed 81 (the weakest: the copy record
-    /// must be dropped while the record after it survives, over live dirty blocks).
+    /// must be dropped while the record after it survives, over live dirty blocks);
+    /// flush-ignores-record-pipeline 14, seed 2 (the engine's own assertion in `flush_cache`
+    /// fires, in the slow-cache seeds whose record writes overlap).
     const SABOTAGE_SEEDS: u64 = 100;
 
     #[test]

@@ -46,10 +46,14 @@ impl Volume {
     pub(super) fn flush_cache(&self, skip: bool) -> Result<()> {
         // With the io lock held no record write is in progress: every sequence below
         // `next_seq` has been written and this flush covers it.
-        let (upto, written_seq, written_tail) = {
+        let (upto, written_seq, written_tail, drained) = {
             let st = self.lock();
-            (st.sealed, st.next_seq - 1, st.written_tail)
+            (st.sealed, st.next_seq - 1, st.written_tail, st.inflight.iter().all(|r| r.done.is_some()))
         };
+        // The pipeline is drained: a flush issued while a sealed record is still being
+        // written would not cover it, and `durable_sealed` below would count it. (Asserted
+        // with the state lock released, so the panic does not poison it.)
+        assert!(drained, "a cache flush with a record write in progress");
         if !skip {
             self.cache_io("flushing the cache device", self.cache.flush())?;
         }
