@@ -18,7 +18,8 @@ use tiercache_engine::Volume;
 fn gated() -> (Arc<Gate>, Arc<tiercache_device::SimDevice>, Arc<tiercache_device::SimDevice>, Arc<Volume>) {
     let (cache, backing) = devices(256, 4096);
     let gate = Gate::new(Arc::clone(&cache));
-    let volume = Arc::new(open(Arc::clone(&gate) as Arc<dyn BlockDevice>, Arc::clone(&backing) as Arc<dyn BlockDevice>));
+    let volume =
+        Arc::new(open(Arc::clone(&gate) as Arc<dyn BlockDevice>, Arc::clone(&backing) as Arc<dyn BlockDevice>));
     (gate, cache, backing, volume)
 }
 

@@ -1482,14 +1482,21 @@ mod tests {
         let mut laps = 0;
         let mut crashes_in_recovery = 0;
         let mut corruptions = 0;
+        let mut overlapped = 0;
         for seed in 0..12 {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
             laps += r.log_laps;
             crashes_in_recovery += r.crashes_during_recovery;
             corruptions += r.corruptions;
+            overlapped += r.overlapped_record_writes;
         }
-        assert!(laps > 50 && crashes_in_recovery > 0 && corruptions > 0, "{laps} {crashes_in_recovery} {corruptions}");
+        // (47 laps and 18 crashes in recovery, 10 corruptions, 33 overlapped record writes
+        // when written; the slow-cache seeds spend their virtual time writing, so fewer laps.)
+        assert!(
+            laps > 40 && crashes_in_recovery > 0 && corruptions > 0 && overlapped > 0,
+            "laps {laps}, crashes in recovery {crashes_in_recovery}, corruptions {corruptions}, overlapped record writes {overlapped}"
+        );
     }
 
     /// Each deliberately broken variant is caught within `SABOTAGE_SEEDS` seeds. The test

@@ -188,8 +188,7 @@ impl Volume {
             let on_backing = bad_dirty && self.backing_holds(block, entry.crc, out);
             let mut st = self.lock();
             let current = st.index.get(block).map(|c| (self.position_of(&st, &c), c.dirty));
-            let newer_in_ram =
-                st.staging.map.contains_key(&block) || st.is_in_flight(block);
+            let newer_in_ram = st.staging.map.contains_key(&block) || st.is_in_flight(block);
             if current != Some((position, entry.dirty)) || newer_in_ram {
                 // Moved, rewritten, or written back (now clean, by the batch waited for)
                 // meanwhile: look again.
