@@ -205,7 +205,8 @@ fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Sen
 // the block changed by itself. (The window existed before the pipeline with its one record
 // in flight; the pipeline widens it to four records.)
 //
-// BUG (fails on 1082c25): live read 3, recovered read 2.
+// BUG (fails on 1082c25): live read 3, recovered read 2. (Fails on ed83d85, before the
+// pipeline, as well: a pre-existing hole that the pipeline widens.)
 #[test]
 fn a_rewrite_in_flight_when_a_write_around_ends_is_not_dropped_by_its_trim() {
     let (cache, backing) = wa_devices(32, 256); // staging: 32 entries, 24 data blocks
