@@ -437,7 +437,8 @@ fn a_loss_is_not_logged_after_newer_data_written_but_not_yet_installed() {
 // log (reclaim, checkpoints from commit), a destager, readers, discards and FLUSHes; then a
 // power cut after a final FLUSH.
 //
-// Refuted (passes): no deadlock, lock-order panic or lost write.
+// Refuted (passes): no deadlock, lock-order panic or lost write. (The one test here whose
+// interleaving is not pinned; its assertions hold for every interleaving.)
 #[test]
 fn a_busy_pipeline_on_a_small_log_neither_deadlocks_nor_loses_writes() {
     let (cache, backing) = devices(32, 2048); // 256-block log
@@ -510,7 +511,7 @@ fn a_busy_pipeline_on_a_small_log_neither_deadlocks_nor_loses_writes() {
             h.join().unwrap();
         }
     });
-    assert!(v.status().counters.overlapped_record_writes > 0, "records overlapped");
+    // (Whether records overlapped depends on timing: not asserted.)
     v.flush().unwrap();
     let r = open(durable_copy(&cache), durable_copy(&backing));
     for t in 0..4u64 {
