@@ -130,7 +130,8 @@ impl BlockDevice for Dev {
 fn gated() -> (Arc<Gate>, Arc<SimDevice>, Arc<SimDevice>, Arc<Volume>) {
     let (cache, backing) = devices(256, 4096);
     let gate = Gate::new(Arc::clone(&cache));
-    let volume = Arc::new(open(Arc::clone(&gate) as Arc<dyn BlockDevice>, Arc::clone(&backing) as Arc<dyn BlockDevice>));
+    let volume =
+        Arc::new(open(Arc::clone(&gate) as Arc<dyn BlockDevice>, Arc::clone(&backing) as Arc<dyn BlockDevice>));
     (gate, cache, backing, volume)
 }
 
@@ -190,7 +191,8 @@ fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Sen
     std::thread::spawn(move || {
         let _ = tx.send(f());
     });
-    rx.recv_timeout(Duration::from_secs(secs)).unwrap_or_else(|_| panic!("{what}: no answer within {secs} s (deadlock?)"))
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: no answer within {secs} s (deadlock?)"))
 }
 
 // ------------------------------------------------------------------------------------------
@@ -205,8 +207,9 @@ fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Sen
 // the block changed by itself. (The window existed before the pipeline with its one record
 // in flight; the pipeline widens it to four records.)
 //
-// BUG (fails on 1082c25): live read 3, recovered read 2. (Fails on ed83d85, before the
-// pipeline, as well: a pre-existing hole that the pipeline widens.)
+// BUG (failed on 1082c25): live read 3, recovered read 2. (Failed on ed83d85, before the
+// pipeline, as well: a pre-existing hole that the pipeline widens.) Fixed: a block whose
+// rewrite is in flight when its write-around ends owes no Trim (`end_write_around`).
 #[test]
 fn a_rewrite_in_flight_when_a_write_around_ends_is_not_dropped_by_its_trim() {
     let (cache, backing) = wa_devices(32, 256); // staging: 32 entries, 24 data blocks

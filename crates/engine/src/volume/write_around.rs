@@ -198,7 +198,9 @@ impl Volume {
     }
 
     /// Under the state lock, after the backing write: the blocks' copies leave RAM, and
-    /// those with an older copy on the log owe a backing flush and a Trim.
+    /// those with an older copy on the log owe a backing flush and a Trim, unless a rewrite
+    /// sealed meanwhile is still in flight (it wins: two writes in flight at once have no
+    /// order, and that one is what reads already return).
     fn end_write_around(&self, st: &mut State, blocks: std::ops::Range<u64>) {
         st.around.gen += 1;
         let gen = st.around.gen;
@@ -216,7 +218,12 @@ impl Volume {
             }
             let on_log = st.index.remove(block).is_some() || dropped_trim || st.around.owes_trim(block);
             st.around.untrimmed.remove(&block);
-            if on_log {
+            // A rewrite through the cache sealed while this write went around (begin refused
+            // blocks in flight) is in a record still being written: it is the block's newest
+            // copy (reads see it, and it enters the index when written), and on replay it
+            // supersedes the older copy. A Trim, written after it, would drop it instead.
+            // (It carried any Trim owed before, in its own record.)
+            if on_log && !st.is_in_flight(block) {
                 st.around.unflushed.insert(block, gen);
             }
         }
