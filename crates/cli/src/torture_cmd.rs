@@ -153,6 +153,7 @@ struct ConcurrentSummary {
     destaged_blocks: u64,
     copied_forward_blocks: u64,
     written_around_blocks: u64,
+    concurrent_write_arounds: u64,
     checkpoints: u64,
     log_laps: u64,
     violations: Vec<tiercache_sim::Violation>,
@@ -194,6 +195,7 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
         s.destaged_blocks += r.destaged_blocks;
         s.copied_forward_blocks += r.copied_forward_blocks;
         s.written_around_blocks += r.written_around_blocks;
+        s.concurrent_write_arounds += r.concurrent_write_arounds;
         s.checkpoints += r.checkpoints;
         s.log_laps += r.log_laps;
         if s.violations.len() < 20 {

@@ -483,7 +483,7 @@ fn a_busy_pipeline_on_a_small_log_neither_deadlocks_nor_loses_writes() {
                     match k {
                         0 => {
                             let _ = v.destage_step(32).unwrap();
-                            let _ = v.background_tick().unwrap();
+                            v.background_tick().unwrap();
                         }
                         1 => {
                             let b = 1000 + i % 1000;
@@ -494,7 +494,7 @@ fn a_busy_pipeline_on_a_small_log_neither_deadlocks_nor_loses_writes() {
                         }
                         _ => {
                             v.discard((1000 + i % 1000) * BS as u64, 16 * BS as u64).unwrap();
-                            if i % 50 == 0 {
+                            if i.is_multiple_of(50) {
                                 v.checkpoint().unwrap();
                             }
                         }

@@ -1841,3 +1841,72 @@ fn stress_write_arounds_flushes_reclaims_large_staging() {
 fn stress_write_arounds_flushes_reclaims_large_staging_quiet_checkpoints() {
     stress(quiet_options(), 168, 10, 4);
 }
+
+// ------------------------------------------------------------------------------------------
+// Concurrent write-arounds (they run at once since the record pipeline's session: each holds
+// its own lock across its backing write; the around and destage locks' holders wait for all).
+
+/// Waits at most `secs` for `h` to finish; whether it did.
+fn finishes_within<T>(h: &std::thread::JoinHandle<T>, secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !h.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.is_finished()
+}
+
+#[test]
+fn write_arounds_of_other_blocks_run_at_once_and_a_checkpoint_waits_for_them() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    dirty_v1(&v);
+    bgate.hold_write_of(40);
+    let a = on_thread(&v, |v| write_n(v, 40, 4, 2));
+    bgate.wait_held();
+    // Another write-around, of other blocks, ends while the first is still writing.
+    let b = on_thread(&v, |v| write_n(v, 80, 4, 3));
+    assert!(finishes_within(&b, 10), "a write-around of other blocks waited for the one under way");
+    b.join().unwrap().unwrap();
+    assert_eq!(v.status().counters.concurrent_write_arounds, 1);
+    // A checkpoint settles the write-arounds first (a backing flush): it must wait for the
+    // one still writing, or the flush would not cover it and the checkpoint would omit
+    // blocks 40..44 with their new data not durable.
+    let c = on_thread(&v, |v| v.checkpoint());
+    assert!(!finishes_within(&c, 1), "the checkpoint did not wait for the write-around under way");
+    // So does a write-back batch (it could write block 40's older version over the new one).
+    let d = on_thread(&v, |v| v.destage_step(64));
+    assert!(!finishes_within(&d, 1), "a write-back batch ran during a write-around");
+    bgate.release();
+    a.join().unwrap().unwrap();
+    c.join().unwrap().unwrap();
+    d.join().unwrap().unwrap();
+    let expect = [2, 2, 2, 2, 3, 3, 3, 3];
+    let blocks = [40, 41, 42, 43, 80, 81, 82, 83];
+    assert_eq!(blocks.map(|b| ver(&v, b)), expect);
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!(blocks.map(|b| ver(&r, b)), expect);
+}
+
+#[test]
+fn a_write_around_overlapping_one_under_way_waits_for_it() {
+    let (cache, backing) = wa_devices(32, 256);
+    let bgate = Dev::new(&backing);
+    let v = Arc::new(open_wa(cache.clone(), bgate.clone()));
+    dirty_v1(&v);
+    bgate.hold_write_of(40);
+    let a = on_thread(&v, |v| write_n(v, 40, 4, 2));
+    bgate.wait_held();
+    let b = on_thread(&v, |v| write_n(v, 42, 4, 3));
+    assert!(!finishes_within(&b, 1), "an overlapping write-around did not wait");
+    bgate.release();
+    a.join().unwrap().unwrap();
+    b.join().unwrap().unwrap();
+    assert_eq!(v.status().counters.concurrent_write_arounds, 0);
+    let expect = [2, 2, 3, 3, 3, 3];
+    assert_eq!((40..46).map(|b| ver(&v, b)).collect::<Vec<_>>(), expect);
+    v.flush().unwrap();
+    let (r, _, _) = crash_and_recover(&cache, &backing);
+    assert_eq!((40..46).map(|b| ver(&r, b)).collect::<Vec<_>>(), expect);
+}

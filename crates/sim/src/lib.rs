@@ -171,6 +171,8 @@ pub struct SimReport {
     pub copied_forward_blocks: u64,
     /// Blocks the clients wrote around the cache, straight to the backing device.
     pub written_around_blocks: u64,
+    /// Write-arounds that began while another was under way.
+    pub concurrent_write_arounds: u64,
     pub checkpoints: u64,
     pub log_laps: u64,
     pub violations: Vec<Violation>,
@@ -961,6 +963,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         report.reclaimed_blocks += st.counters.reclaimed_blocks;
         report.copied_forward_blocks += st.counters.copied_forward_blocks;
         report.written_around_blocks += st.counters.written_around_blocks;
+        report.concurrent_write_arounds += st.counters.concurrent_write_arounds;
         report.checkpoints += st.counters.checkpoints;
         report.log_laps = st.log_tail / layout.log_blocks;
         if clean && rng.gen_bool(0.15) {

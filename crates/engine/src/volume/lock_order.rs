@@ -1,5 +1,5 @@
 //! The lock order the module header states (`rmw -> io -> record -> around -> destage ->
-//! state`, the superblock's lock a leaf), checked: in debug builds and with the `testing` feature (which the
+//! around-write -> state`, the superblock's lock a leaf), checked: in debug builds and with the `testing` feature (which the
 //! simulators and the engine's tests turn on), each thread keeps the ranks of the locks it
 //! holds, per volume, and taking a lock of a volume whose rank is not above all of that
 //! volume's locks it holds panics before it can deadlock. (Per volume: one volume may be
@@ -19,6 +19,9 @@ pub(super) enum Rank {
     Record,
     Around,
     Destage,
+    /// A write-around under way (`write_around.rs`): its writer holds it across the backing
+    /// write; the around and destage locks' holders wait on it.
+    AroundWrite,
     State,
     Superblock,
 }
@@ -47,7 +50,7 @@ mod held {
             if let Some(top) = top {
                 assert!(
                     top < rank,
-                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> record -> around -> destage -> state -> superblock)"
+                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> record -> around -> destage -> around-write -> state -> superblock)"
                 );
             }
         });

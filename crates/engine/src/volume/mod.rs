@@ -40,10 +40,13 @@
 //! Locks, always taken in this order: `rmw` (read-modify-write of partial blocks),
 //! `io` (the log writer: records sealed in sequence order; reclaim, checkpoints and FLUSH
 //! with no record write in progress), `record` (a record write in the pipeline, held by its
-//! writer from the seal to the end of the write: `lock_io` waits on it), `around` (one write-around at a time, and none between the backing flush that
-//! settles them and the checkpoint or reclaim record relying on it: `write_around.rs`),
-//! `destage` (one write-back batch at a time, so a block is never written back twice
-//! concurrently), `state` (index, staging, positions; never held across I/O). The
+//! writer from the seal to the end of the write: `lock_io` waits on it), `around`
+//! (write-arounds begin under it; its other holders wait for those under way, so none runs
+//! between the backing flush that settles them and the checkpoint or reclaim record relying
+//! on it: `write_around.rs`), `destage` (one write-back batch at a time, so a block is never
+//! written back twice concurrently; write-arounds begin under it too, and its other holders
+//! wait for them), `around-write` (a write-around under way, held by its writer across the
+//! backing write), `state` (index, staging, positions; never held across I/O). The
 //! superblock's lock is a leaf: taken last (the destager takes it under the destage lock),
 //! never held while another is taken.
 //! (Debug builds and the `testing` feature check the order per volume: `lock_order.rs`.)
@@ -199,6 +202,9 @@ pub struct Counters {
     /// Blocks written straight to the backing device (write-around).
     #[serde(default)]
     pub written_around_blocks: u64,
+    /// Write-arounds that began while another was under way (they run concurrently).
+    #[serde(default)]
+    pub concurrent_write_arounds: u64,
 }
 
 struct State {
@@ -546,15 +552,49 @@ impl Volume {
         lock_order::ranked(self.lock_owner(), lock_order::Rank::Record, || writing.lock().expect("record write lock"))
     }
 
-    /// The write-around lock: one write-around at a time, and none between the backing
-    /// flush that settles them and the checkpoint or reclaim record that relies on it.
+    /// The write-around lock, with no write-around under way: none begins, and none ends,
+    /// between the backing flush that settles them and the checkpoint or reclaim record that
+    /// relies on it.
     fn lock_around(&self) -> lock_order::Ranked<MutexGuard<'_, ()>> {
+        let around = self.lock_around_to_begin();
+        self.wait_for_write_arounds();
+        around
+    }
+
+    /// The destager's lock (its content is the elevator cursor), with no write-around under
+    /// way (none can begin while it is held).
+    fn lock_destage(&self) -> lock_order::Ranked<MutexGuard<'_, u64>> {
+        let destage = self.lock_destage_to_begin();
+        self.wait_for_write_arounds();
+        destage
+    }
+
+    /// The write-around lock as a write-around takes it to begin: write-arounds already
+    /// under way may still be writing (they run concurrently; `write_around.rs`).
+    fn lock_around_to_begin(&self) -> lock_order::Ranked<MutexGuard<'_, ()>> {
         lock_order::ranked(self.lock_owner(), lock_order::Rank::Around, || self.around.lock().expect("around lock"))
     }
 
-    /// The destager's lock (its content is the elevator cursor).
-    fn lock_destage(&self) -> lock_order::Ranked<MutexGuard<'_, u64>> {
+    /// The destage lock as a write-around takes it to begin.
+    fn lock_destage_to_begin(&self) -> lock_order::Ranked<MutexGuard<'_, u64>> {
         lock_order::ranked(self.lock_owner(), lock_order::Rank::Destage, || self.destage.lock().expect("destage lock"))
+    }
+
+    /// Waits until no write-around is under way (the around or the destage lock held, so
+    /// none begins meanwhile): each holds its own lock across its backing write.
+    fn wait_for_write_arounds(&self) {
+        loop {
+            let under_way = self.lock().around.under_way.first().map(|(_, m)| Arc::clone(m));
+            match under_way {
+                Some(m) => drop(self.lock_write_around_write(&m)),
+                None => return,
+            }
+        }
+    }
+
+    /// A write-around's own lock (see `Around::under_way`).
+    fn lock_write_around_write<'a>(&self, m: &'a Mutex<()>) -> lock_order::Ranked<MutexGuard<'a, ()>> {
+        lock_order::ranked(self.lock_owner(), lock_order::Rank::AroundWrite, || m.lock().expect("write-around lock"))
     }
 
     /// The volume's size: the backing device's.

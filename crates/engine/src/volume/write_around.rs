@@ -20,7 +20,8 @@
 //!   supersedes the older copy either way, and a Trim in a later record would drop it).
 //! - No clean copy is admitted while a write-around is unflushed (clean means the backing
 //!   device durably holds it).
-//! - The destage lock is held across the backing write, so no write-back batch can write an
+//! - Write-arounds run concurrently, but none is under way while the destage lock is held
+//!   by anyone else (`lock_destage` waits for them), so no write-back batch can write an
 //!   older version of a block over it, and no reader can declare it lost meanwhile.
 //! - A failed settle (backing flush) poisons the volume: the written-around data has no other
 //!   copy, and a retried flush could report durable what the failed one dropped.
@@ -69,6 +70,11 @@ pub(super) struct Around {
     resurrectable: HashMap<u64, u64>,
     /// Blocks whose write-around is under way.
     writing: HashSet<u64>,
+    /// The write-arounds under way (they run concurrently), each with the lock its writer
+    /// holds across the backing write: the around lock's and the destage lock's holders wait
+    /// on them (`lock_around`, `lock_destage`), and none begins while either is held.
+    pub(super) under_way: Vec<(u64, Arc<Mutex<()>>)>,
+    next_id: u64,
     /// Blocks whose staged Trim came with a rewrite through the cache before their
     /// write-around was flushed: that Trim is safe only in the same record as the rewrite's
     /// data. (A Trim staged after the settle is safe on its own.) Cleared when staging is
@@ -111,6 +117,16 @@ impl Around {
     }
 }
 
+/// What `begin_write_around` decided.
+enum Begin {
+    /// Under way: its id and its lock (see `Around::under_way`).
+    Begun((u64, Arc<Mutex<()>>)),
+    /// Through the cache instead.
+    Refused,
+    /// Some of the blocks are being written around already: wait for that, then ask again.
+    Overlaps,
+}
+
 /// A Trim entry for `block`.
 pub(super) fn trim_entry(block: u64) -> RecordEntry {
     RecordEntry { kind: EntryKind::Trim, backing_block: block, data_crc: 0, ref_position: 0 }
@@ -140,33 +156,58 @@ impl Volume {
         if self.fingerprint_blocks.iter().any(|b| blocks.contains(b)) {
             return Ok(false);
         }
-        let _around = self.lock_around();
-        // (No write-back batch runs meanwhile, nor a reader's loss check: see the header.)
-        let _destage = self.lock_destage();
-        if !self.begin_write_around(blocks.clone(), policy)? {
-            return Ok(false);
+        // Begins under the around and destage locks (taken without waiting for the
+        // write-arounds under way: they run concurrently), which it lets go once it holds its
+        // own lock: no settle, write-back batch or reader's loss check runs until it ends
+        // (see the header).
+        let (id, own);
+        let under_way;
+        loop {
+            let _around = self.lock_around_to_begin();
+            let _destage = self.lock_destage_to_begin();
+            match self.begin_write_around(blocks.clone(), policy)? {
+                Begin::Begun(begun) => (id, own) = begun,
+                Begin::Refused => return Ok(false),
+                Begin::Overlaps => {
+                    // Overlapping write-arounds run one after the other, in the order they
+                    // began (the later one's data wins, as it would on a disk).
+                    drop((_destage, _around));
+                    self.wait_for_write_arounds();
+                    continue;
+                }
+            }
+            // (Taken before the two locks go: a waiter never finds it free before the end.)
+            under_way = self.lock_write_around_write(&own);
+            break;
         }
         let written = self.backing.write_at(offset, data).map_err(EngineError::backing);
         let mut st = self.lock();
         for block in blocks.clone() {
             st.around.writing.remove(&block);
         }
-        written?;
-        self.end_write_around(&mut st, blocks);
-        Ok(true)
+        st.around.under_way.retain(|(k, _)| *k != id);
+        let ended = written.map(|()| self.end_write_around(&mut st, blocks));
+        drop(st);
+        drop(under_way);
+        ended.map(|()| true)
     }
 
     /// Under the state lock: whether `blocks` may be written around now, and if so, marks
     /// them `writing` (no clean copy of them may reach the log meanwhile: staged ones go,
-    /// never sealed; fills in flight are cancelled; new ones are refused).
-    fn begin_write_around(&self, blocks: std::ops::Range<u64>, policy: WriteAroundPolicy) -> Result<bool> {
+    /// never sealed; fills in flight are cancelled; new ones are refused) and registers the
+    /// write-around as under way: returns its id and its lock (not yet taken: the caller
+    /// takes it before letting the around and destage locks go, so no waiter sees it free).
+    fn begin_write_around(&self, blocks: std::ops::Range<u64>, policy: WriteAroundPolicy) -> Result<Begin> {
         let mut st = self.lock();
         st.check_poisoned()?;
         if policy.only_when_destage_bound && !self.destage_bound(&st) {
-            return Ok(false);
+            return Ok(Begin::Refused);
+        }
+        if blocks.clone().any(|b| st.around.writing.contains(&b)) {
+            return Ok(Begin::Overlaps);
         }
         if blocks.clone().any(|b| !self.may_write_around(&st, b)) {
-            return Ok(false);
+            return Ok(Begin::Refused);
         }
         for block in blocks {
             st.cancel_fill(block);
@@ -175,7 +216,13 @@ impl Volume {
             }
             st.around.writing.insert(block);
         }
-        Ok(true)
+        st.around.next_id += 1;
+        if !st.around.under_way.is_empty() {
+            st.counters.concurrent_write_arounds += 1;
+        }
+        let begun = (st.around.next_id, Arc::new(Mutex::new(())));
+        st.around.under_way.push((begun.0, Arc::clone(&begun.1)));
+        Ok(Begin::Begun(begun))
     }
 
     /// Above the high watermark, or draining towards the low one after it.
