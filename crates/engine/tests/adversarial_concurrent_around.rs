@@ -17,6 +17,7 @@
 //!   made the crash state wrong as well).
 //! - `an_overlapping_write_around_is_not_starved_by_write_arounds_of_other_blocks`: liveness
 //!   only; an overlapping write-around waits until no write-around at all is under way.
+//!
 //! `tiercache torture` (seeds 1000..1040 and 2000..2200): no violation, but only 18
 //! concurrent write-arounds in all.
 //!
