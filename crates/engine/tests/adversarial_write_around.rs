@@ -394,14 +394,16 @@ fn the_head_passes_the_older_copy_only_after_the_backing_flush() {
 }
 
 // Suspicion: the older dirty copy still in staging when the write-around completes is sealed
-// after it (the write-around would be undone by its own older data).
+// after it (the write-around would be undone by its own older data). (Since the concurrent
+// write-arounds' review a block with a dirty copy in staging is not written around at all:
+// the write goes through the cache, after it.)
 #[test]
 fn an_older_copy_in_staging_is_dropped_by_the_write_around() {
     let (cache, backing) = wa_devices(32, 256);
     let v = open_wa(cache.clone(), backing.clone());
     write(&v, 40, 1); // staged, never sealed
     write_n(&v, 40, 2, 2).unwrap();
-    assert_eq!(around(&v), 2);
+    assert_eq!(around(&v), 0);
     assert_eq!(ver(&v, 40), 2);
     v.flush().unwrap();
     let (r, _, _) = crash_and_recover(&cache, &backing);
@@ -1477,7 +1479,9 @@ fn rewrites_owing_trims_into_a_full_staging() {
 
 // A write-around that drops a staged rewrite and its Trim (the block's index entry already
 // gone with the first write-around): the block owes again, FLUSH writes its Trim, a power cut
-// reads the second write-around.
+// reads the second write-around. (Since the concurrent write-arounds' review the second
+// write does not go around, over a staged rewrite: it goes through the cache, carrying block
+// 41's Trim; the outcome is the same.)
 #[test]
 fn a_write_around_dropping_a_staged_rewrite_owes_the_trim_again() {
     let (cache, backing) = wa_devices(32, 256);
@@ -1486,7 +1490,7 @@ fn a_write_around_dropping_a_staged_rewrite_owes_the_trim_again() {
     write_n(&v, 40, 2, 2).unwrap();
     write(&v, 40, 3); // Trim staged with it
     write_n(&v, 40, 2, 4).unwrap();
-    assert_eq!(around(&v), 4);
+    assert_eq!(around(&v), 2);
     v.flush().unwrap();
     assert_eq!(trims_of(&cache, 40).len(), 1);
     assert_eq!(trims_of(&cache, 41).len(), 1);

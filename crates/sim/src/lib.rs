@@ -407,6 +407,8 @@ struct Client {
     /// Ring profile: the ring's size in blocks, and commits per lap of the cache's log.
     ring: u64,
     lap_commits: u64,
+    /// Stream profile: the next block to write.
+    stream_next: u64,
 }
 
 /// The shape of a cycle's client work.
@@ -427,6 +429,11 @@ enum Profile {
     /// write-back is still running: the shape in which naming a slot instead of a version
     /// marks the wrong version clean, and the read after the lap finds it evicted.
     Ring,
+    /// Large sequential writes through the client's range, a FLUSH every eight or so (a
+    /// restore, a bulk load): write-arounds from several clients. (They seldom overlap in
+    /// time here: on the simulator's tiny logs nearly every record needs a reclaim, whose
+    /// settle waits for the write-arounds under way and lets none begin.)
+    Stream,
 }
 
 /// What a client does first after a crash with the writes it completed but never flushed.
@@ -503,11 +510,14 @@ impl Client {
             let op = match self.profile {
                 Profile::Mixed | Profile::Ring => self.rng.gen_range(0..100),
                 Profile::Burst => 0,
+                // (Codes: a large sequential write, or a flush.)
+                Profile::Stream => [0, 0, 0, 0, 0, 0, 0, 70][self.rng.gen_range(0..8)],
                 // Codes of the table below: write, write, flush, identical rewrite.
                 Profile::Paced => [0, 0, 70, 90][self.rng.gen_range(0..4)],
             };
             self.pause(sched);
             let r = match op {
+                0 if self.profile == Profile::Stream => self.stream_op(world, volume, sched),
                 0..=29 => self.write_op(world, volume, sched, false),
                 30..=33 => self.write_op(world, volume, sched, true),
                 34..=41 => self.partial_op(world, volume, sched, false),
@@ -631,6 +641,18 @@ impl Client {
         };
         let data: Vec<u8> = (start..start + n).flat_map(|b| fresh(world, b)).collect();
         self.write(world, volume, sched, start, data, fua)
+    }
+
+    /// The stream profile's write: the next 4 to 16 blocks of the client's range, wrapping.
+    fn stream_op(&mut self, world: &World, volume: &Volume, sched: &Sched) -> Result<(), Stop> {
+        let n = self.rng.gen_range(4..=16u64).min(self.hi - self.lo);
+        if self.stream_next + n > self.hi || self.stream_next < self.lo {
+            self.stream_next = self.lo;
+        }
+        let start = self.stream_next;
+        self.stream_next += n;
+        let data: Vec<u8> = (start..start + n).flat_map(|b| fresh(world, b)).collect();
+        self.write(world, volume, sched, start, data, false)
     }
 
     /// Rewrites blocks with the content they hold (a database rewriting an unchanged page).
@@ -1258,8 +1280,15 @@ fn run_cycle(
     let stop = Arc::new(AtomicBool::new(false));
     let per = blocks / clients as u64;
     let mut client_handles = Vec::new();
-    let mut profile = [Profile::Mixed, Profile::Mixed, Profile::Mixed, Profile::Burst, Profile::Paced, Profile::Ring]
-        [rng.gen_range(0..6)];
+    let mut profile = [
+        Profile::Mixed,
+        Profile::Mixed,
+        Profile::Mixed,
+        Profile::Burst,
+        Profile::Paced,
+        Profile::Ring,
+        Profile::Stream,
+    ][rng.gen_range(0..7)];
     if quiet {
         profile = Profile::Burst;
     }
@@ -1284,6 +1313,7 @@ fn run_cycle(
             redo: [Redo::Nothing, Redo::All, Redo::All, Redo::Part, Redo::Part][rng.gen_range(0..5)],
             ring: ring_size.min(hi - lo - 1),
             lap_commits: log_blocks / 2,
+            stream_next: lo,
         };
         if quiet {
             client.redo = Redo::Prefix;

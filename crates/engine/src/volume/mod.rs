@@ -584,7 +584,7 @@ impl Volume {
     /// none begins meanwhile): each holds its own lock across its backing write.
     fn wait_for_write_arounds(&self) {
         loop {
-            let under_way = self.lock().around.under_way.first().map(|(_, m)| Arc::clone(m));
+            let under_way = self.lock().around.under_way.first().map(|(_, _, m)| Arc::clone(m));
             match under_way {
                 Some(m) => drop(self.lock_write_around_write(&m)),
                 None => return,

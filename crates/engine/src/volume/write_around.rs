@@ -70,10 +70,10 @@ pub(super) struct Around {
     resurrectable: HashMap<u64, u64>,
     /// Blocks whose write-around is under way.
     writing: HashSet<u64>,
-    /// The write-arounds under way (they run concurrently), each with the lock its writer
+    /// The write-arounds under way (they run concurrently), their blocks, each with the lock its writer
     /// holds across the backing write: the around lock's and the destage lock's holders wait
     /// on them (`lock_around`, `lock_destage`), and none begins while either is held.
-    pub(super) under_way: Vec<(u64, Arc<Mutex<()>>)>,
+    pub(super) under_way: Vec<(u64, std::ops::Range<u64>, Arc<Mutex<()>>)>,
     next_id: u64,
     /// Blocks whose staged Trim came with a rewrite through the cache before their
     /// write-around was flushed: that Trim is safe only in the same record as the rewrite's
@@ -123,8 +123,9 @@ enum Begin {
     Begun((u64, Arc<Mutex<()>>)),
     /// Through the cache instead.
     Refused,
-    /// Some of the blocks are being written around already: wait for that, then ask again.
-    Overlaps,
+    /// Some of the blocks are being written around already: wait for that write-around (its
+    /// lock), then ask again.
+    Overlaps(Arc<Mutex<()>>),
 }
 
 /// A Trim entry for `block`.
@@ -168,11 +169,11 @@ impl Volume {
             match self.begin_write_around(blocks.clone(), policy)? {
                 Begin::Begun(begun) => (id, own) = begun,
                 Begin::Refused => return Ok(false),
-                Begin::Overlaps => {
+                Begin::Overlaps(earlier) => {
                     // Overlapping write-arounds run one after the other, in the order they
-                    // began (the later one's data wins, as it would on a disk).
+                    // began (the later one's data wins, as it would on a disk); others go on.
                     drop((_destage, _around));
-                    self.wait_for_write_arounds();
+                    drop(self.lock_write_around_write(&earlier));
                     continue;
                 }
             }
@@ -185,7 +186,7 @@ impl Volume {
         for block in blocks.clone() {
             st.around.writing.remove(&block);
         }
-        st.around.under_way.retain(|(k, _)| *k != id);
+        st.around.under_way.retain(|(k, _, _)| *k != id);
         let ended = written.map(|()| self.end_write_around(&mut st, blocks));
         drop(st);
         drop(under_way);
@@ -203,13 +204,15 @@ impl Volume {
         if policy.only_when_destage_bound && !self.destage_bound(&st) {
             return Ok(Begin::Refused);
         }
-        if blocks.clone().any(|b| st.around.writing.contains(&b)) {
-            return Ok(Begin::Overlaps);
+        if let Some((_, _, earlier)) =
+            st.around.under_way.iter().find(|(_, r, _)| r.start < blocks.end && blocks.start < r.end)
+        {
+            return Ok(Begin::Overlaps(Arc::clone(earlier)));
         }
         if blocks.clone().any(|b| !self.may_write_around(&st, b)) {
             return Ok(Begin::Refused);
         }
-        for block in blocks {
+        for block in blocks.clone() {
             st.cancel_fill(block);
             if st.staging.map.get(&block).is_some_and(|&k| st.staging.data[k].1 == EntryKind::DataClean) {
                 st.staging.remove(block, self.bs);
@@ -221,7 +224,7 @@ impl Volume {
             st.counters.concurrent_write_arounds += 1;
         }
         let begun = (st.around.next_id, Arc::new(Mutex::new(())));
-        st.around.under_way.push((begun.0, Arc::clone(&begun.1)));
+        st.around.under_way.push((begun.0, blocks, Arc::clone(&begun.1)));
         Ok(Begin::Begun(begun))
     }
 
@@ -234,12 +237,16 @@ impl Volume {
     /// one in a durable record (the Trim, after the backing flush, ends it), or none. A clean
     /// copy (indexed, or dropped without a record while replay could bring it back) would
     /// come back after a crash as "the backing device's content" over the new data; so could
-    /// a clean copy below a dirty one not yet durable, or below one in the record in flight.
+    /// a clean copy below a dirty one not yet durable, or below one in a record in flight.
+    /// A dirty copy still staged is refused too: it may be sealed during the backing write,
+    /// and `end_write_around` takes a copy in flight at its end for a rewrite made after the
+    /// write-around began (which wins).
     /// A lost block's loss ends through a record (4.8).
     fn may_write_around(&self, st: &State, block: u64) -> bool {
         let durable_copy = st.index.get(block).is_none_or(|e| e.dirty && self.position_of(st, &e) < st.durable_tail);
         durable_copy
             && !st.lost.contains_key(&block)
+            && !st.staging.map.get(&block).is_some_and(|&k| st.staging.data[k].1 == EntryKind::DataDirty)
             && !st.around.resurrectable.contains_key(&block)
             && !st.is_in_flight(block)
     }
