@@ -12,28 +12,38 @@ impl Volume {
         }
         self.backpressure();
         let first = offset / self.bs as u64;
-        for (i, chunk) in data.chunks(self.bs).enumerate() {
-            let block = first + i as u64;
-            let crc = checksum(chunk);
-            loop {
+        let chunks: Vec<&[u8]> = data.chunks(self.bs).collect();
+        let crcs: Vec<u32> = chunks.iter().map(|c| checksum(c)).collect();
+        // As many blocks as staging takes per hold of the state lock: a request's blocks then
+        // lie in consecutive log slots (a later read of them is one I/O per record), however
+        // many writers stage at once.
+        let mut i = 0;
+        while i < chunks.len() {
+            {
                 let mut st = self.lock();
                 st.check_poisoned()?;
                 let now = self.clock.now_ns();
-                st.cancel_fill(block);
-                // An older copy left by a write-around is ended by a Trim in this very record
-                // (metadata first): the Trim needs room too.
-                let owes_trim = st.around.owes_trim(block);
-                let room = !owes_trim || st.staging.entries() + 2 <= st.staging.limit;
-                // A lost block stays lost until this write is in a written record (see `Lost`).
-                if room && st.staging.put(block, EntryKind::DataDirty, chunk, crc, now) {
+                while i < chunks.len() {
+                    let block = first + i as u64;
+                    st.cancel_fill(block);
+                    // An older copy left by a write-around is ended by a Trim in this very
+                    // record (metadata first): the Trim needs room too.
+                    let owes_trim = st.around.owes_trim(block);
+                    let room = !owes_trim || st.staging.entries() + 2 <= st.staging.limit;
+                    // A lost block stays lost until this write is in a written record (see
+                    // `Lost`).
+                    if !(room && st.staging.put(block, EntryKind::DataDirty, chunks[i], crcs[i], now)) {
+                        break;
+                    }
                     if owes_trim {
                         st.around.trim_staged(block);
                         st.staging.meta.push(write_around::trim_entry(block));
                     }
                     st.counters.written_blocks += 1;
-                    break;
+                    i += 1;
                 }
-                drop(st);
+            }
+            if i < chunks.len() {
                 self.commit()?;
             }
         }
