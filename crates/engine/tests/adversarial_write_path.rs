@@ -8,6 +8,7 @@
 //! succeeds (and the Trim's room), and the staging limit is at least 2, so no writer spins;
 //! the partial-fit loop keeps each block's Trim with its data; a poisoned volume mid-request
 //! fails the request and FLUSH. Overlap waits pick up a write-around begun meanwhile.
+//! `tiercache torture --seed 5000 --seeds 120`: no failed seed.
 //!
 //! Blocks used: 40 and up (the backing device's fingerprint blocks are 0, 1, 16 and the last).
 //! Versions: 0 is the backing device's initial content, then increasing per write.
