@@ -326,6 +326,16 @@ impl<D: BlockDevice> BlockDevice for EmulatedDevice<D> {
         Ok(())
     }
 
+    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        // One transfer of the whole range, as the device would serve one scatter read.
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        check_request(self, offset, len)?;
+        let deadline = self.schedule_transfer(offset, len, false, false);
+        self.inner.read_vectored_at(offset, bufs)?;
+        precise_wait_until(deadline);
+        Ok(())
+    }
+
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         check_request(self, offset, buf.len() as u64)?;
         let deadline = self.schedule_transfer(offset, buf.len() as u64, true, false);

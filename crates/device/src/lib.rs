@@ -47,6 +47,18 @@ pub trait BlockDevice: Send + Sync {
     fn logical_block_size(&self) -> u32;
     /// Reads `buf.len()` bytes at `offset`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    /// Reads one contiguous range at `offset` into several buffers, in order (scatter: the
+    /// engine reads a run of log slots whose record headers it skips into a scratch block,
+    /// so a large cached read is one I/O, not one per record). The fallback reads each
+    /// buffer on its own; devices that can do it in one I/O (`preadv`) override it.
+    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+        let mut at = offset;
+        for buf in bufs.iter_mut() {
+            self.read_at(at, buf)?;
+            at += buf.len() as u64;
+        }
+        Ok(())
+    }
     /// Writes `buf` at `offset`. Visible to reads on completion; durable after the next flush.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
     /// Writes `buf` at `offset` and makes it durable before returning (Force Unit Access).
@@ -101,6 +113,9 @@ macro_rules! forward_block_device {
             }
             fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
                 (**self).read_at(offset, buf)
+            }
+            fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
+                (**self).read_vectored_at(offset, bufs)
             }
             fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
                 (**self).write_at(offset, buf)

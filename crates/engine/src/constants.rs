@@ -49,6 +49,10 @@ pub const WRITE_AROUND_MIN_BYTES: u64 = 64 * 1024;
 pub const WRITE_AROUND_YIELD_MS: u64 = 100;
 /// ...unless dirty data fills more than this share of the log (per mille).
 pub const WRITE_AROUND_YIELD_MAX_PERMILLE: u64 = 900;
+/// A cached read is one scatter I/O across at most this many skipped log slots (the record
+/// headers between the runs of a request's blocks: 8 cover a 4 MiB request).
+pub const MAX_SKIPPED_SLOTS: usize = 8;
+
 /// Read requests larger than this bypass admission (sequential scans do not flush the cache).
 pub const ADMIT_MAX_REQUEST_BYTES: u64 = 256 * 1024;
 

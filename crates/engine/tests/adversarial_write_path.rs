@@ -87,15 +87,6 @@ impl Dev {
         self.cv.notify_all();
     }
 
-    fn release_all(&self) {
-        let mut g = self.holds.lock().unwrap();
-        for h in g.iter_mut() {
-            h.open = true;
-            h.taken = true;
-        }
-        self.cv.notify_all();
-    }
-
     fn gate(&self, op: Op, offset: u64, len: usize) {
         let mut g = self.holds.lock().unwrap();
         let Some(id) = g.iter_mut().position(|h| !h.taken && (h.pred)(op, offset, len)) else { return };
@@ -216,7 +207,6 @@ fn join_within<T>(h: std::thread::JoinHandle<T>, secs: u64, what: &str) -> T {
     h.join().unwrap_or_else(|_| panic!("{what}: panicked"))
 }
 
-
 fn open_with(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>, record_entries: usize) -> Volume {
     let o = VolumeOptions { record_entries: Some(record_entries), ..wa_options() };
     Volume::open(cache, backing, Arc::new(MonotonicClock::new()), o).expect("open").0
@@ -331,7 +321,10 @@ fn a_write_around_between_the_holds_of_a_split_request() {
 #[test]
 fn a_failed_record_in_the_middle_of_a_split_request() {
     let (cache, backing) = wa_devices(32, 256);
-    let o = VolumeOptions { write_around: WriteAroundPolicy { min_bytes: 0, only_when_destage_bound: true }, ..VolumeOptions::default() };
+    let o = VolumeOptions {
+        write_around: WriteAroundPolicy { min_bytes: 0, only_when_destage_bound: true },
+        ..VolumeOptions::default()
+    };
     let v = Volume::open(cache.clone(), backing.clone(), Arc::new(MonotonicClock::new()), o).expect("open").0;
     dirty_durable(&v, 40, 30, 1);
     cache.fail_after(Some(OpKind::Write), 0, FailMode::Once);

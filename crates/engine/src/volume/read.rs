@@ -95,12 +95,16 @@ impl Volume {
         Ok(())
     }
 
-    /// Reads the cache hits: one I/O per run of blocks in consecutive log slots (a sequential
-    /// write or admission put them there), each block verified on its own. Returns the
-    /// blocks to read again (I/O error or checksum failure).
+    /// Reads the cache hits: one I/O per run of blocks in ascending log slots with at most
+    /// one slot between neighbours (a sequential write or admission put them there, the next
+    /// record's header between two records' data), each block verified on its own. A skipped
+    /// slot is read into a scratch block in the same scatter read (`read_vectored_at`), so a
+    /// large request is one I/O however many records it spans. Returns the blocks to read
+    /// again (I/O error or checksum failure).
     fn read_cache_runs(&self, plan: &[Source], buf: &mut [u8]) -> Vec<usize> {
         let bs = self.bs;
         let mut retry: Vec<usize> = Vec::new();
+        let mut scratch: Option<AlignedBuf> = None;
         let mut i = 0;
         while i < plan.len() {
             let Source::Cache(e, _) = plan[i] else {
@@ -108,12 +112,37 @@ impl Volume {
                 continue;
             };
             let start = i;
+            let (mut last, mut gaps) = (e.slot, 0usize);
             i += 1;
-            while i < plan.len() && matches!(plan[i], Source::Cache(n, _) if n.slot == e.slot + (i - start) as u32) {
-                i += 1;
+            while let Some(Source::Cache(n, _)) = plan.get(i) {
+                if n.slot == last + 1 || (n.slot == last + 2 && gaps < MAX_SKIPPED_SLOTS) {
+                    gaps += (n.slot - last - 1) as usize;
+                    last = n.slot;
+                    i += 1;
+                } else {
+                    break;
+                }
             }
-            let run = &mut buf[start * bs..i * bs];
-            let read = self.cache.read_at(self.layout.log_offset(u64::from(e.slot)), run);
+            let offset = self.layout.log_offset(u64::from(e.slot));
+            let read = if gaps == 0 {
+                self.cache.read_at(offset, &mut buf[start * bs..i * bs])
+            } else {
+                // One buffer per block, a scratch block for each skipped slot (never looked at).
+                let skipped = scratch.get_or_insert_with(|| AlignedBuf::new(MAX_SKIPPED_SLOTS * bs));
+                let mut skip_blocks = skipped.chunks_mut(bs);
+                let mut blocks = buf[start * bs..i * bs].chunks_mut(bs);
+                let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(i - start + gaps);
+                let mut prev = e.slot;
+                for (k, src) in plan.iter().enumerate().take(i).skip(start) {
+                    let Source::Cache(n, _) = src else { unreachable!("a run holds cache blocks only") };
+                    if k > start && n.slot == prev + 2 {
+                        bufs.push(skip_blocks.next().expect("at most MAX_SKIPPED_SLOTS skipped"));
+                    }
+                    bufs.push(blocks.next().expect("one block per plan entry"));
+                    prev = n.slot;
+                }
+                self.cache.read_vectored_at(offset, &mut bufs)
+            };
             for k in start..i {
                 let Source::Cache(e, _) = plan[k] else { unreachable!("a run holds cache blocks only") };
                 if read.is_err() || checksum(&buf[k * bs..(k + 1) * bs]) != e.crc {
