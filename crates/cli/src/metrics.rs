@@ -126,7 +126,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 17] = [
+        let counters: [(&str, &str, u64); 19] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -141,7 +141,13 @@ impl Collector for VolumeCollector {
                 "Blocks written straight to the backing device (write-around while destage-bound)",
                 c.written_around_blocks,
             ),
+            ("concurrent_write_arounds", "Write-arounds begun while another was under way", c.concurrent_write_arounds),
             ("records_written", "Log records written to the cache device", c.records_written),
+            (
+                "overlapped_record_writes",
+                "Log records whose write began while an older record's was in progress (the pipeline)",
+                c.overlapped_record_writes,
+            ),
             ("cache_flushes", "Flushes of the cache device", c.cache_flushes),
             ("backing_flushes", "Flushes of the backing device", c.backing_flushes),
             ("checkpoints", "Checkpoints written", c.checkpoints),
