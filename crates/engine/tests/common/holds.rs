@@ -1,0 +1,202 @@
+//! A device wrapper that holds any number of chosen I/Os at once (`Dev`), and the volumes on
+//! it that the write-around and write-path reviews use: writes of two blocks or more go around
+//! whatever the dirty level, on a backing device that never tears a block.
+
+use super::*;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
+use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions, WriteAroundPolicy};
+use tiercache_format::Layout;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    Read,
+    Write,
+    Flush,
+}
+
+pub type Pred = Box<dyn FnMut(Op, u64, usize) -> bool + Send>;
+
+pub struct Hold {
+    pred: Pred,
+    /// An I/O matched it (only the first does).
+    taken: bool,
+    open: bool,
+}
+
+/// A SimDevice wrapper holding several I/Os at once: each `hold` catches the first I/O its
+/// predicate accepts and keeps it until `release`. Forwards `atomic_write_bytes`, so a
+/// volume on it may write around.
+pub struct Dev {
+    inner: Arc<SimDevice>,
+    holds: Mutex<Vec<Hold>>,
+    cv: Condvar,
+}
+
+pub fn covers(offset: u64, len: usize, block: u64) -> bool {
+    let at = block * BS as u64;
+    offset <= at && at < offset + len as u64
+}
+
+impl Dev {
+    pub fn new(inner: &Arc<SimDevice>) -> Arc<Dev> {
+        Arc::new(Dev { inner: Arc::clone(inner), holds: Mutex::new(Vec::new()), cv: Condvar::new() })
+    }
+
+    pub fn hold(&self, pred: impl FnMut(Op, u64, usize) -> bool + Send + 'static) -> usize {
+        let mut g = self.holds.lock().unwrap();
+        g.push(Hold { pred: Box::new(pred), taken: false, open: false });
+        g.len() - 1
+    }
+
+    pub fn hold_write_of(&self, block: u64) -> usize {
+        self.hold(move |op, off, len| op == Op::Write && covers(off, len, block))
+    }
+
+    /// Waits until hold `id` caught its I/O (panics after 30 s).
+    pub fn wait_held(&self, id: usize) {
+        let mut g = self.holds.lock().unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while !g[id].taken {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            assert!(!left.is_zero(), "held I/O {id} never came");
+            g = self.cv.wait_timeout(g, left).unwrap().0;
+        }
+    }
+
+    pub fn release(&self, id: usize) {
+        let mut g = self.holds.lock().unwrap();
+        g[id].open = true;
+        g[id].taken = true; // (a hold never caught is disarmed)
+        self.cv.notify_all();
+    }
+
+    pub fn release_all(&self) {
+        let mut g = self.holds.lock().unwrap();
+        for h in g.iter_mut() {
+            h.open = true;
+            h.taken = true;
+        }
+        self.cv.notify_all();
+    }
+
+    pub fn gate(&self, op: Op, offset: u64, len: usize) {
+        let mut g = self.holds.lock().unwrap();
+        let Some(id) = g.iter_mut().position(|h| !h.taken && (h.pred)(op, offset, len)) else { return };
+        g[id].taken = true;
+        self.cv.notify_all();
+        while !g[id].open {
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+}
+
+impl BlockDevice for Dev {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
+        self.gate(Op::Read, offset, buf.len());
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
+        self.gate(Op::Write, offset, buf.len());
+        self.inner.write_at(offset, buf)
+    }
+    fn flush(&self) -> tiercache_device::Result<()> {
+        self.gate(Op::Flush, 0, 0);
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn describe(&self) -> String {
+        format!("dev:{}", self.inner.describe())
+    }
+    fn atomic_write_bytes(&self) -> u32 {
+        self.inner.atomic_write_bytes()
+    }
+}
+
+/// A cache of `log_segments` segments of 8 blocks and a backing device of `blocks` blocks
+/// (stamped version 0) that never tears a 4 KiB block (so that write-around is allowed).
+pub fn wa_devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>) {
+    let log_blocks = log_segments * 8;
+    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
+    let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
+    let backing = Arc::new(atomic_backing(stamps(0, blocks, 0)));
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).expect("create");
+    (cache, backing)
+}
+
+pub fn atomic_backing(image: Vec<u8>) -> SimDevice {
+    SimDevice::from_image(image, BS as u32).with_name("backing").with_atomic_write(BS as u32)
+}
+
+/// Writes of two blocks or more go around, whatever the dirty level.
+pub fn wa_options() -> VolumeOptions {
+    VolumeOptions {
+        write_around: WriteAroundPolicy { min_bytes: 2 * BS as u64, only_when_destage_bound: false },
+        ..VolumeOptions::default()
+    }
+}
+
+pub fn open_wa(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Volume {
+    Volume::open(cache, backing, Arc::new(MonotonicClock::new()), wa_options()).expect("open").0
+}
+
+/// A power cut now: the volume recovered from both devices' durable images.
+pub fn crash_and_recover(cache: &SimDevice, backing: &SimDevice) -> Volume {
+    let c = Arc::new(SimDevice::from_image(cache.durable_image(), BS as u32).with_name("cache"));
+    let b = Arc::new(atomic_backing(backing.durable_image()));
+    open_wa(c, b)
+}
+
+pub fn around(v: &Volume) -> u64 {
+    v.status().counters.written_around_blocks
+}
+
+/// Writes blocks `first..first + n` stamped with `version` in one request.
+pub fn write_n(v: &Volume, first: u64, n: u64, version: u64) -> Result<(), EngineError> {
+    v.write(first * BS as u64, &stamps(first, n, version))
+}
+
+/// The version a read of `block` returns (panics on an error or a torn or foreign block).
+pub fn ver(v: &Volume, block: u64) -> u64 {
+    match read_version(v, block) {
+        Ok(Some(x)) => x,
+        other => panic!("block {block}: read {other:?}"),
+    }
+}
+
+pub fn vers(v: &Volume, blocks: std::ops::Range<u64>) -> Vec<u64> {
+    blocks.map(|b| ver(v, b)).collect()
+}
+
+/// Blocks `first..first + n` cached dirty with `version`, durable (flushed).
+pub fn dirty_durable(v: &Volume, first: u64, n: u64, version: u64) {
+    for b in first..first + n {
+        write(v, b, version);
+    }
+    v.flush().unwrap();
+    assert_eq!(slot_of(v, first).map(|s| s.1), Some(true));
+}
+
+/// Waits at most `secs` for `h` to finish; whether it did.
+pub fn finishes_within<T>(h: &std::thread::JoinHandle<T>, secs: u64) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !h.is_finished() && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    h.is_finished()
+}
+
+/// Joins `h`, failing (not hanging) if it does not finish within `secs` (a deadlock).
+pub fn join_within<T>(h: std::thread::JoinHandle<T>, secs: u64, what: &str) -> T {
+    assert!(finishes_within(&h, secs), "{what}: not done within {secs} s (deadlock?)");
+    h.join().unwrap_or_else(|_| panic!("{what}: panicked"))
+}
