@@ -519,4 +519,111 @@ mod tests {
             assert_eq!((&a[..], &odd[1..]), (&data[..4096], &data[4096..8192]));
         }
     }
+
+    // ---- adversarial review of read_vectored_at (review-4)
+
+    /// The read syscalls this thread has made so far (/proc/thread-self/io).
+    fn syscr() -> u64 {
+        let s = std::fs::read_to_string("/proc/thread-self/io").expect("task io accounting");
+        s.lines().find_map(|l| l.strip_prefix("syscr: ")).expect("syscr").trim().parse().unwrap()
+    }
+
+    fn patterned(dir: &tempfile::TempDir, blocks: u32) -> (PathBuf, Vec<u8>) {
+        let p = dir.path().join("dev");
+        let data: Vec<u8> = (0..blocks * 4096).map(|i| (i / 4096 * 7 + i % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        (p, data)
+    }
+
+    /// Zero-length buffers are a valid (empty) scatter list entry; a list of only empty
+    /// buffers reads nothing and must succeed, as the default (one `read_at` each) does.
+    #[test]
+    fn a_scatter_read_of_only_empty_buffers_succeeds() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, _) = patterned(&dir, 4);
+        let dev = FileDevice::open_with(&p, OpenOptions { direct: false, lock: true, read_only: false }).unwrap();
+        let (mut a, mut b) = ([0u8; 0], [0u8; 0]);
+        dev.read_at(4096, &mut a).expect("an empty read_at succeeds");
+        dev.read_vectored_at(4096, &mut [&mut a[..], &mut b[..]]).expect("an empty scatter read succeeds");
+    }
+
+    /// Empty buffers among full ones are skipped and the others land in order.
+    #[test]
+    fn empty_buffers_among_full_ones_keep_the_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 4);
+        let dev = FileDevice::open_with(&p, OpenOptions { direct: false, lock: true, read_only: false }).unwrap();
+        let (mut a, mut b) = (AlignedBuf::new(4096), AlignedBuf::new(4096));
+        let (mut e1, mut e2, mut e3) = ([0u8; 0], [0u8; 0], [0u8; 0]);
+        dev.read_vectored_at(4096, &mut [&mut e1[..], &mut a[..], &mut e2[..], &mut b[..], &mut e3[..]]).unwrap();
+        assert_eq!((&a[..], &b[..]), (&data[4096..8192], &data[8192..12288]));
+    }
+
+    /// A file that shrank under the device (size taken at open): the range past its end is
+    /// an error, never zeroes or stale buffer contents.
+    #[test]
+    fn a_scatter_read_past_a_shrunk_files_end_is_an_error() {
+        for direct in [false, true] {
+            let dir = tempfile::tempdir().unwrap();
+            let (p, _) = patterned(&dir, 8);
+            let dev = match FileDevice::open_with(&p, OpenOptions { direct, lock: true, read_only: false }) {
+                Ok(d) => d,
+                Err(DeviceError::DirectIoUnsupported { .. }) => continue,
+                Err(e) => panic!("{e}"),
+            };
+            std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(5 * 4096 + 100).unwrap();
+            let mut bufs: Vec<AlignedBuf> = (0..4).map(|_| AlignedBuf::new(4096)).collect();
+            let mut refs: Vec<&mut [u8]> = bufs.iter_mut().map(|b| &mut b[..]).collect();
+            let r = dev.read_vectored_at(3 * 4096, &mut refs);
+            assert!(r.is_err(), "direct={direct}: a read past the file's end succeeded");
+        }
+    }
+
+    /// More than IOV_MAX buffers: the fallback is one pread per buffer (1025 syscalls for
+    /// 1025 blocks) instead of, e.g., two preadv calls of at most 1024 buffers each.
+    #[test]
+    fn more_than_1024_buffers_are_read_in_a_few_syscalls() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 1025);
+        let dev = match FileDevice::open_with(&p, OpenOptions::default()) {
+            Ok(d) => d,
+            Err(DeviceError::DirectIoUnsupported { .. }) => return,
+            Err(e) => panic!("{e}"),
+        };
+        let mut whole = AlignedBuf::new(1025 * 4096);
+        let before = syscr();
+        let mid = syscr();
+        {
+            let mut refs: Vec<&mut [u8]> = whole.chunks_mut(4096).collect();
+            dev.read_vectored_at(0, &mut refs).unwrap();
+        }
+        let after = syscr();
+        assert_eq!(&whole[..], &data[..]);
+        let calls = after - mid - (mid - before);
+        assert!(calls <= 2, "a 1025-buffer scatter read took {calls} read syscalls");
+    }
+
+    /// One misaligned buffer among 64: the fallback reads all 64 one by one (bounced), where
+    /// one bounced read of the whole range would do.
+    #[test]
+    fn one_misaligned_buffer_does_not_split_a_scatter_read_per_buffer() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 64);
+        let dev = match FileDevice::open_with(&p, OpenOptions::default()) {
+            Ok(d) => d,
+            Err(DeviceError::DirectIoUnsupported { .. }) => return,
+            Err(e) => panic!("{e}"),
+        };
+        let mut raw = AlignedBuf::new(65 * 4096);
+        let before = syscr();
+        let mid = syscr();
+        {
+            let mut refs: Vec<&mut [u8]> = raw[1..1 + 64 * 4096].chunks_mut(4096).collect();
+            dev.read_vectored_at(0, &mut refs).unwrap();
+        }
+        let after = syscr();
+        assert_eq!(&raw[1..1 + 64 * 4096], &data[..]);
+        let calls = after - mid - (mid - before);
+        assert!(calls <= 2, "a 64-buffer misaligned scatter read took {calls} read syscalls");
+    }
 }
