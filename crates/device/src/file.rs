@@ -191,11 +191,19 @@ impl FileDevice {
         }
     }
 
-    /// `preadv` until every buffer is full (a short read resumes where it stopped).
+    /// `preadv` until every buffer is full (a short read resumes where it stopped; empty
+    /// buffers are passed over).
     fn preadv_all(&self, mut offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
         use std::os::fd::AsRawFd;
         let (mut first, mut skip) = (0usize, 0usize);
-        while first < bufs.len() {
+        loop {
+            while first < bufs.len() && bufs[first].len() == skip {
+                first += 1;
+                skip = 0;
+            }
+            if first == bufs.len() {
+                return Ok(());
+            }
             let iov: Vec<libc::iovec> = bufs[first..]
                 .iter_mut()
                 .enumerate()
@@ -228,7 +236,6 @@ impl FileDevice {
             }
             skip += n;
         }
-        Ok(())
     }
 
     fn pread_all(&self, mut offset: u64, mut buf: &mut [u8]) -> Result<()> {
@@ -279,16 +286,29 @@ impl BlockDevice for FileDevice {
     fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
         let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
         check_request(self, offset, len)?;
-        if bufs.iter().any(|b| self.needs_bounce(b.as_ptr())) || bufs.len() > MAX_IOVECS {
-            // (A misaligned buffer cannot take an O_DIRECT read: one read each, bounced.)
-            let mut at = offset;
+        if len == 0 {
+            return Ok(());
+        }
+        if bufs.iter().any(|b| self.needs_bounce(b.as_ptr())) {
+            // A misaligned buffer cannot take an O_DIRECT read (frontends' buffers seldom are
+            // aligned): the whole range in one read into an aligned buffer, then copied out.
+            let mut bounce = AlignedBuf::new(len as usize);
+            self.pread_all(offset, &mut bounce)?;
+            let mut at = 0;
             for buf in bufs.iter_mut() {
-                self.read_at(at, buf)?;
-                at += buf.len() as u64;
+                buf.copy_from_slice(&bounce[at..at + buf.len()]);
+                at += buf.len();
             }
             return Ok(());
         }
-        self.preadv_all(offset, bufs)
+        // At most `MAX_IOVECS` buffers per `preadv` (a 4 MiB read is 1,024 blocks and the
+        // record headers between them).
+        let mut at = offset;
+        for chunk in bufs.chunks_mut(MAX_IOVECS) {
+            self.preadv_all(at, chunk)?;
+            at += chunk.iter().map(|b| b.len() as u64).sum::<u64>();
+        }
+        Ok(())
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
