@@ -10,6 +10,7 @@
 //! bench       -> devices, report, safety
 //! torture_cmd -> report
 //! debug_load  -> devices
+//! replay      -> devices          (a block trace through the engine, on devices in RAM)
 //! control     -> devices          (the control socket's messages and client side)
 //! devices     -> report
 //! metrics, report, safety         (use no other module)
@@ -21,6 +22,7 @@ mod control;
 mod debug_load;
 mod devices;
 mod metrics;
+mod replay;
 mod report;
 mod safety;
 mod serve;
@@ -75,6 +77,8 @@ enum Command {
     /// Run the crash simulator: random I/O, crashes with torn writes, recovery, checks.
     #[cfg(feature = "simulator")]
     Torture(torture_cmd::TortureArgs),
+    /// Replay a block trace through the engine at several cache sizes: miss ratio, SSD writes.
+    Replay(replay::ReplayArgs),
     /// Measure devices and volumes side by side (fsync rate, write-back throughput).
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -115,6 +119,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "simulator")]
         Command::Torture(a) => torture_cmd::torture_cmd(a),
         Command::Bench(cmd) => bench::run(cmd),
+        Command::Replay(a) => replay::replay_cmd(a),
         #[cfg(feature = "simulator")]
         Command::DebugLoad(a) => debug_load::run(a),
     };
