@@ -51,6 +51,10 @@ pub struct ReplayArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Draw the miss-ratio curve (miss ratio by cache size, with the anchors' LRU, FIFO and
+    /// best policy where `--anchors` lists them) into this SVG file.
+    #[arg(long)]
+    plot: Option<PathBuf>,
 }
 
 /// One request of a trace.
@@ -365,11 +369,60 @@ pub fn replay_cmd(args: ReplayArgs) -> Result<()> {
         }
         sizes.push(r);
     }
+    if let Some(path) = &args.plot {
+        plot_mrc(path, &trace_name, footprint_blocks, &sizes)?;
+        if !args.json {
+            println!("miss-ratio curve: {}", path.display());
+        }
+    }
     if args.json {
         let report =
             ReplayReport { trace: args.trace.display().to_string(), requests: requests.len(), footprint_blocks, sizes };
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
+    Ok(())
+}
+
+/// The miss-ratio curve as an SVG: x the cache size in percent of the footprint, y the read
+/// miss ratio; tiercache's points, and the anchors' LRU, FIFO and best published policy.
+fn plot_mrc(path: &Path, trace: &str, footprint: u64, sizes: &[SizeResult]) -> Result<()> {
+    use plotters::prelude::*;
+    let pct = |blocks: u64| 100.0 * blocks as f64 / footprint.max(1) as f64;
+    let x_max = sizes.iter().map(|s| pct(s.cache_blocks)).fold(1.0f64, f64::max) * 1.1;
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(format!("miss-ratio curve: {trace} (replayed through the engine)"), ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(45)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..x_max, 0.0..1.0)?;
+    chart
+        .configure_mesh()
+        .x_desc("cache size (% of the footprint, 4 KiB blocks)")
+        .y_desc("read miss ratio (block accesses)")
+        .draw()?;
+    let of = |f: &dyn Fn(&Anchors) -> Option<f64>| -> Vec<(f64, f64)> {
+        sizes.iter().filter_map(|s| Some((pct(s.cache_blocks), f(s.anchors.as_ref()?)?))).collect()
+    };
+    let lines = [
+        ("tiercache", RGBColor(200, 30, 30), sizes.iter().map(|s| (pct(s.cache_blocks), s.read_miss_ratio)).collect()),
+        ("LRU (libCacheSim)", RGBColor(40, 90, 200), of(&|a| a.lru)),
+        ("FIFO (libCacheSim)", RGBColor(120, 120, 120), of(&|a| a.fifo)),
+        ("best published (libCacheSim)", RGBColor(30, 150, 60), of(&|a| a.best.as_ref().map(|b| b.1))),
+    ];
+    for (name, color, points) in lines {
+        if points.is_empty() {
+            continue;
+        }
+        chart
+            .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+        chart.draw_series(points.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+    root.present().with_context(|| format!("writing {}", path.display()))?;
     Ok(())
 }
 

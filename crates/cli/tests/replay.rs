@@ -38,10 +38,21 @@ fn replay_reports_each_size_as_json_and_as_a_table() {
     // The loop fits in the larger cache (only the first pass misses), not in the smaller.
     let (small, big) = (sizes[0]["read_miss_ratio"].as_f64().unwrap(), sizes[1]["read_miss_ratio"].as_f64().unwrap());
     assert!(big <= 0.11 && small > big, "miss ratios {small} and {big}");
-    let out = tiercache(&["replay", "--trace", p.to_str().unwrap(), "--cache-size", "1M"]);
-    assert!(out.status.success());
+    let svg = dir.path().join("mrc.svg");
+    let out = tiercache(&[
+        "replay",
+        "--trace",
+        p.to_str().unwrap(),
+        "--cache-size",
+        "1M,50%",
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("1010 requests, footprint 100 blocks") && table.contains("miss ratio"), "{table}");
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("miss-ratio curve") && svg.contains("tiercache"), "{svg:.200}");
 }
 
 #[test]
