@@ -6,14 +6,15 @@
 //!
 //! ```text
 //! volume_cmds -> control, devices, report, safety
-//! serve       -> control, devices, metrics
+//! serve       -> control, devices, metrics, trace_record
 //! bench       -> devices, report, safety
 //! torture_cmd -> report
 //! debug_load  -> devices
 //! replay      -> devices          (a block trace through the engine, on devices in RAM)
 //! control     -> devices          (the control socket's messages and client side)
 //! devices     -> report
-//! metrics, report, safety         (use no other module)
+//! metrics     -> trace_record     (the frontends' view of the volume notes each request)
+//! report, safety, trace_record    (use no other module)
 //! ```
 
 mod bench;
@@ -28,6 +29,7 @@ mod safety;
 mod serve;
 #[cfg(feature = "simulator")]
 mod torture_cmd;
+mod trace_record;
 mod volume_cmds;
 
 use clap::{Parser, Subcommand};

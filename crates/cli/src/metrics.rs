@@ -66,12 +66,20 @@ pub struct Observed {
     /// Requests that failed, by kind (with `--metrics`).
     errors: Option<Family<Op, prometheus_client::metrics::counter::Counter>>,
     pub recent: RecentLatency,
+    /// `serve --record-trace`: the requests, as a trace file.
+    pub trace: crate::trace_record::TraceRecorder,
 }
 
 impl Observed {
     /// Without metrics.
     pub fn new(volume: &Arc<Volume>) -> Arc<Observed> {
-        Arc::new(Observed { volume: Arc::clone(volume), latency: None, errors: None, recent: RecentLatency::new() })
+        Arc::new(Observed {
+            volume: Arc::clone(volume),
+            latency: None,
+            errors: None,
+            recent: RecentLatency::new(),
+            trace: Default::default(),
+        })
     }
 
     fn time<E>(&self, op: &'static str, f: impl FnOnce(&Volume) -> Result<(), E>) -> Result<(), E> {
@@ -97,9 +105,11 @@ impl ByteIo for Observed {
         self.volume.block_size()
     }
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
+        self.trace.note(false, offset, buf.len() as u64);
         self.time("read", |v| ByteIo::read(v, offset, buf))
     }
     fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Errno> {
+        self.trace.note(true, offset, data.len() as u64);
         self.time("write", |v| ByteIo::write(v, offset, data, fua))
     }
     fn flush(&self) -> Result<(), Errno> {
@@ -109,6 +119,7 @@ impl ByteIo for Observed {
         self.time("trim", |v| ByteIo::trim(v, offset, len))
     }
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Errno> {
+        self.trace.note(true, offset, len);
         self.time("write_zeroes", |v| ByteIo::write_zeroes(v, offset, len, fua))
     }
 }
@@ -227,6 +238,7 @@ pub fn start(
         latency: Some(latency),
         errors: Some(errors),
         recent: RecentLatency::new(),
+        trace: Default::default(),
     };
     Ok((Arc::new(observed), bound))
 }

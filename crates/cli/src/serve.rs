@@ -71,6 +71,12 @@ pub struct ServeArgs {
     /// http://ADDR/metrics, e.g. 127.0.0.1:9560 (port 0: any free port, reported at start).
     #[arg(long, value_name = "ADDR")]
     metrics: Option<String>,
+    /// Record every request the frontends pass on into FILE (gzip'd CSV,
+    /// `time_ns,op,offset_bytes,length_bytes`, for `tiercache replay`), from start to stop.
+    /// Recording never delays a request: if the writer falls behind, requests are left out
+    /// of the trace and counted in the log.
+    #[arg(long, value_name = "FILE")]
+    record_trace: Option<PathBuf>,
     /// Write-back stops when dirty data falls to this percentage of the cache (default: the
     /// value given at create, 30).
     #[arg(long, value_name = "PERCENT")]
@@ -93,6 +99,7 @@ struct ServeConfig {
     export_name: Option<String>,
     control: Option<PathBuf>,
     metrics: Option<String>,
+    record_trace: Option<PathBuf>,
     dirty_low: Option<f64>,
     dirty_high: Option<f64>,
 }
@@ -113,6 +120,7 @@ impl ServeArgs {
         self.export_name = self.export_name.or(c.export_name);
         self.control = self.control.or(c.control);
         self.metrics = self.metrics.or(c.metrics);
+        self.record_trace = self.record_trace.or(c.record_trace);
         self.dirty_low = self.dirty_low.or(c.dirty_low);
         self.dirty_high = self.dirty_high.or(c.dirty_high);
         Ok(self)
@@ -316,6 +324,10 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         }
         None => crate::metrics::Observed::new(&volume),
     };
+    if let Some(path) = &args.record_trace {
+        observed.trace.start(path)?;
+        endpoints.push(format!("trace {}", path.display()));
+    }
     let backend: Arc<dyn tiercache_frontend::ByteIo> = Arc::clone(&observed) as _;
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
@@ -417,6 +429,9 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         }
     }
     drop(background);
+    if let Some((path, n)) = observed.trace.stop()? {
+        eprintln!("tiercache: trace of {n} requests written to {}", path.display());
+    }
     volume.shutdown().context("making everything durable at shutdown")?;
     let _ = std::fs::remove_file(&control_path);
     for e in &args.nbd {

@@ -71,3 +71,43 @@ fn a_bad_trace_or_size_is_a_precise_error() {
     let out = tiercache(&["replay", "--trace", dir.path().join("missing.csv").to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&out.stderr).contains("opening the trace"));
 }
+
+/// `serve --record-trace`: a real NBD client's requests land in the trace file at stop, in
+/// the shared format, and `tiercache replay` reads it back.
+#[test]
+fn serve_records_a_trace_that_replay_reads() {
+    let vol = TempVolume::created(64 << 20, "16M");
+    let sock = vol.path("nbd.sock");
+    let trace = vol.path("trace.csv.gz");
+    let mut child = tiercache_cmd()
+        .args(["serve", "--cache", p(&vol.cache), "--backing", p(&vol.backing)])
+        .args(["--nbd", &format!("unix:{}", sock.display()), "--record-trace", p(&trace)])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let uri = format!("nbd+unix:///tiercache?socket={}", sock.display());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !tool("nbdinfo").arg("--size").arg(&uri).output().is_ok_and(|o| o.status.success()) {
+        assert!(std::time::Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    qemu_io(&uri, &["write -P 0xab 1M 256k", "read -P 0xab 1M 256k", "write -P 0xcd 8M 4k", "flush"]);
+    sigterm(&child);
+    assert!(child.wait().unwrap().success());
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(std::fs::File::open(&trace).unwrap()), &mut text)
+        .unwrap();
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("time_ns,op,offset_bytes,length_bytes"));
+    let requests: Vec<(String, u64, u64)> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[1].to_string(), f[2].parse().unwrap(), f[3].parse().unwrap())
+        })
+        .collect();
+    for want in [("W", 1 << 20, 256 << 10), ("R", 1 << 20, 256 << 10), ("W", 8 << 20, 4096)] {
+        assert!(requests.contains(&(want.0.to_string(), want.1, want.2)), "{want:?} not in {requests:?}");
+    }
+    let out = ok_json(&["replay", "--trace", p(&trace), "--cache-size", "1M", "--json"]);
+    assert_eq!(out["requests"].as_u64().unwrap(), requests.len() as u64);
+}
