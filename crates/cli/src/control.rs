@@ -8,6 +8,9 @@
 //! - `status`: one `StatusReply` line.
 //! - `flush`: a `FlushReply::Progress` line per write-back batch, then `FlushReply::Finished`
 //!   or `FlushReply::Failed` (see `serve` for what an online flush does).
+//! - `trace-start`, then a second line with the trace file's absolute path: start recording
+//!   the volume's requests there (`serve --record-trace`); one `TraceReply` or `ErrorReply`.
+//! - `trace-stop`: stop recording and finish the file; one `TraceReply` or `ErrorReply`.
 //! - anything else: one `ErrorReply` line naming the requests there are.
 
 use crate::devices::DeviceSpec;
@@ -27,6 +30,12 @@ pub enum Request {
     Status,
     /// Write back everything dirty now, online (`FlushReply` lines).
     Flush,
+    /// Start recording a trace into the file named on the next line (`TraceReply`).
+    #[serde(rename = "trace-start")]
+    TraceStart,
+    /// Stop recording the trace (`TraceReply`).
+    #[serde(rename = "trace-stop")]
+    TraceStop,
 }
 
 impl Request {
@@ -43,6 +52,8 @@ impl Request {
         match self {
             Request::Status => "status",
             Request::Flush => "flush",
+            Request::TraceStart => "trace-start",
+            Request::TraceStop => "trace-stop",
         }
     }
 }
@@ -168,6 +179,39 @@ pub fn request_flush(socket: &Path, mut progress: impl FnMut(u64, u64)) -> Resul
     bail!("the server closed the control connection before the flush ended (did it stop?)")
 }
 
+/// The reply to `trace-start` and `trace-stop`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TraceReply {
+    /// Whether a trace is being recorded now.
+    pub recording: bool,
+    /// The trace file.
+    pub path: String,
+    /// After `trace-stop`: the requests the file holds.
+    pub requests: Option<u64>,
+}
+
+/// Asks a running server to start recording a trace into `file` (made absolute here: the
+/// server's working directory is not the caller's), or with `None` to stop.
+pub fn request_trace(socket: &Path, file: Option<&Path>) -> Result<TraceReply> {
+    let mut conn = UnixStream::connect(socket).with_context(|| format!("connecting to {}", socket.display()))?;
+    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    match file {
+        Some(f) => {
+            let f = std::path::absolute(f).with_context(|| format!("{}", f.display()))?;
+            let f = f.to_str().with_context(|| format!("{}: not UTF-8", f.display()))?;
+            write!(conn, "{}\n{f}\n", Request::TraceStart.word())?;
+        }
+        None => writeln!(conn, "{}", Request::TraceStop.word())?,
+    }
+    let mut line = String::new();
+    BufReader::new(&conn).read_line(&mut line).context("reading the server's reply")?;
+    if let Ok(reply) = serde_json::from_str::<TraceReply>(&line) {
+        return Ok(reply);
+    }
+    let e: ErrorReply = serde_json::from_str(&line).context("decoding the server's reply")?;
+    bail!("{}", e.error)
+}
+
 /// Asks a running server for the volume's status (`None` if no server answers).
 pub fn query_status(socket: &Path) -> Option<StatusReply> {
     let mut conn = UnixStream::connect(socket).ok()?;
@@ -184,7 +228,7 @@ mod tests {
 
     #[test]
     fn requests_parse_by_name_and_odd_ones_are_refused_by_serde() {
-        for r in [Request::Status, Request::Flush] {
+        for r in [Request::Status, Request::Flush, Request::TraceStart, Request::TraceStop] {
             assert_eq!(Request::parse(r.word()), Ok(r));
             assert_eq!(Request::parse(&format!("  {}\r\n", r.word())), Ok(r));
         }

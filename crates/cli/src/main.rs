@@ -79,6 +79,8 @@ enum Command {
     /// Run the crash simulator: random I/O, crashes with torn writes, recovery, checks.
     #[cfg(feature = "simulator")]
     Torture(torture_cmd::TortureArgs),
+    /// Start or stop recording a trace of a served volume's requests (for `replay`).
+    Trace(volume_cmds::TraceArgs),
     /// Replay a block trace through the engine at several cache sizes: miss ratio, SSD writes.
     Replay(replay::ReplayArgs),
     /// Measure devices and volumes side by side (fsync rate, write-back throughput).
@@ -122,6 +124,7 @@ fn main() -> ExitCode {
         Command::Torture(a) => torture_cmd::torture_cmd(a),
         Command::Bench(cmd) => bench::run(cmd),
         Command::Replay(a) => replay::replay_cmd(a),
+        Command::Trace(a) => volume_cmds::trace_cmd(a),
         #[cfg(feature = "simulator")]
         Command::DebugLoad(a) => debug_load::run(a),
     };

@@ -3,7 +3,9 @@
 //! on a control socket, and on SIGTERM or SIGINT disconnects clients, makes everything
 //! durable and exits. SIGKILL at any moment loses nothing that was flushed.
 
-use crate::control::{self, ErrorReply, FlushReply, LatencyWindow, Rates, Request, ServerReport, StatusReply};
+use crate::control::{
+    self, ErrorReply, FlushReply, LatencyWindow, Rates, Request, ServerReport, StatusReply, TraceReply,
+};
 use crate::devices::DeviceSpec;
 use anyhow::{bail, Context, Result};
 use clap::Args;
@@ -466,7 +468,8 @@ fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Res
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = Vec::new();
     let w = &conn;
-    if let Err(e) = BufReader::new((&conn).take(4096)).read_until(b'\n', &mut line) {
+    let mut reader = BufReader::new((&conn).take(8192));
+    if let Err(e) = reader.read_until(b'\n', &mut line) {
         control::write_line(w, &ErrorReply::new(format!("reading the request: {e}")))?;
         return Ok(());
     }
@@ -506,6 +509,30 @@ fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Res
             tracing::info!(result = %serde_json::to_string(&reply)?, "online flush ended");
             control::write_line(w, &reply)?;
         }
+        Ok(Request::TraceStart) => {
+            let mut path = Vec::new();
+            reader.read_until(b'\n', &mut path)?;
+            let path = String::from_utf8_lossy(&path).trim().to_string();
+            if path.is_empty() || !Path::new(&path).is_absolute() {
+                control::write_line(
+                    w,
+                    &ErrorReply::new(format!("trace-start needs an absolute path on its second line, not {path:?}")),
+                )?;
+                return Ok(());
+            }
+            match server.observed.trace.start(Path::new(&path)) {
+                Ok(()) => control::write_line(w, &TraceReply { recording: true, path, requests: None })?,
+                Err(e) => control::write_line(w, &ErrorReply::new(format!("{e:#}")))?,
+            }
+        }
+        Ok(Request::TraceStop) => match server.observed.trace.stop() {
+            Ok(Some((path, n))) => control::write_line(
+                w,
+                &TraceReply { recording: false, path: path.display().to_string(), requests: Some(n) },
+            )?,
+            Ok(None) => control::write_line(w, &ErrorReply::new("no trace is being recorded".to_string()))?,
+            Err(e) => control::write_line(w, &ErrorReply::new(format!("{e:#}")))?,
+        },
         Err(e) => control::write_line(w, &ErrorReply::new(format!("bad request: {e}")))?,
     }
     Ok(())

@@ -576,3 +576,55 @@ fn is_locked(e: &anyhow::Error) -> bool {
         )
     })
 }
+
+#[derive(Debug, Args)]
+#[command(after_help = "\
+Examples:
+  tiercache trace --cache /dev/nvme0n1p4 start /var/tmp/mysql.csv.gz
+  tiercache trace --cache /dev/nvme0n1p4 stop
+  tiercache replay --trace /var/tmp/mysql.csv.gz --cache-size 1%,5%,10%,25% --plot mrc.svg
+
+The running server writes the file (gzip'd CSV, time_ns,op,offset_bytes,length_bytes), so its
+path must be writable by the server. `serve --record-trace FILE` records from the start instead.")]
+pub struct TraceArgs {
+    /// The cache device of the served volume: PATH, or emulated:PROFILE:PATH.
+    #[arg(long, value_name = "DEVICE")]
+    cache: String,
+    /// The control socket of a server started with `serve --control PATH` (the default
+    /// one is found from the cache device's UUID).
+    #[arg(long, value_name = "PATH")]
+    control: Option<std::path::PathBuf>,
+    /// Print the reply as JSON.
+    #[arg(long)]
+    json: bool,
+    #[command(subcommand)]
+    action: TraceAction,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum TraceAction {
+    /// Start recording every request into FILE (replacing a recording in progress).
+    Start { file: std::path::PathBuf },
+    /// Stop recording and finish the file.
+    Stop,
+}
+
+pub fn trace_cmd(args: TraceArgs) -> Result<()> {
+    let spec = DeviceSpec::parse(&args.cache)?;
+    let socket = control::socket_of(&spec, args.control.as_deref())?;
+    let file = match &args.action {
+        TraceAction::Start { file } => Some(file.as_path()),
+        TraceAction::Stop => None,
+    };
+    let reply = control::request_trace(&socket, file).with_context(|| {
+        format!("asking the server of {} (control socket {})", spec.path().display(), socket.display())
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&reply)?);
+    } else if reply.recording {
+        println!("recording a trace into {}", reply.path);
+    } else {
+        println!("trace of {} requests written to {}", reply.requests.unwrap_or(0), reply.path);
+    }
+    Ok(())
+}

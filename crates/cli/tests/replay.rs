@@ -111,3 +111,44 @@ fn serve_records_a_trace_that_replay_reads() {
     let out = ok_json(&["replay", "--trace", p(&trace), "--cache-size", "1M", "--json"]);
     assert_eq!(out["requests"].as_u64().unwrap(), requests.len() as u64);
 }
+
+/// `tiercache trace start|stop` through the control socket of a running server.
+#[test]
+fn a_trace_starts_and_stops_through_the_control_socket() {
+    let vol = TempVolume::created(64 << 20, "16M");
+    let sock = vol.path("nbd.sock");
+    let control = vol.path("control.sock");
+    let mut child = tiercache_cmd()
+        .args(["serve", "--cache", p(&vol.cache), "--backing", p(&vol.backing)])
+        .args(["--nbd", &format!("unix:{}", sock.display()), "--control", p(&control)])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let uri = format!("nbd+unix:///tiercache?socket={}", sock.display());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !tool("nbdinfo").arg("--size").arg(&uri).output().is_ok_and(|o| o.status.success()) {
+        assert!(std::time::Instant::now() < deadline, "the server did not come up");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let cache = p(&vol.cache);
+    let ctl = ["--control", p(&control)];
+    // Nothing to stop yet: a precise error.
+    fails_with(&[&["trace", "--cache", cache], &ctl[..], &["stop"]].concat(), "no trace is being recorded");
+    qemu_io(&uri, &["write -P 0x11 0 64k"]); // before the recording: not in the trace
+    let trace = vol.path("t.csv.gz");
+    let started = ok_json(&[&["trace", "--cache", cache], &ctl[..], &["--json", "start", p(&trace)]].concat());
+    assert_eq!(started["recording"], true);
+    qemu_io(&uri, &["write -P 0xab 2M 128k", "read -P 0xab 2M 128k"]);
+    let stopped = ok_json(&[&["trace", "--cache", cache], &ctl[..], &["--json", "stop"]].concat());
+    assert_eq!((stopped["recording"].as_bool(), stopped["path"].as_str()), (Some(false), Some(p(&trace))));
+    let mut text = String::new();
+    std::io::Read::read_to_string(&mut flate2::read::GzDecoder::new(std::fs::File::open(&trace).unwrap()), &mut text)
+        .unwrap();
+    let lines: Vec<&str> = text.lines().skip(1).collect();
+    assert_eq!(lines.len() as u64, stopped["requests"].as_u64().unwrap());
+    assert!(lines.iter().any(|l| l.ends_with(",W,2097152,131072")), "{lines:?}");
+    assert!(lines.iter().any(|l| l.ends_with(",R,2097152,131072")), "{lines:?}");
+    assert!(!lines.iter().any(|l| l.contains(",W,0,65536")), "a request before the start: {lines:?}");
+    sigterm(&child);
+    assert!(child.wait().unwrap().success());
+}
