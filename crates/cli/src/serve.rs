@@ -468,8 +468,9 @@ fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Res
     conn.set_read_timeout(Some(Duration::from_secs(5)))?;
     let mut line = Vec::new();
     let w = &conn;
-    let mut reader = BufReader::new((&conn).take(8192));
-    if let Err(e) = reader.read_until(b'\n', &mut line) {
+    // (At most 4 KiB per line; the same reader for a second line, which `trace-start` has.)
+    let mut reader = BufReader::new(&conn);
+    if let Err(e) = (&mut reader).take(4096).read_until(b'\n', &mut line) {
         control::write_line(w, &ErrorReply::new(format!("reading the request: {e}")))?;
         return Ok(());
     }
@@ -511,7 +512,7 @@ fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Res
         }
         Ok(Request::TraceStart) => {
             let mut path = Vec::new();
-            reader.read_until(b'\n', &mut path)?;
+            (&mut reader).take(4096).read_until(b'\n', &mut path)?;
             let path = String::from_utf8_lossy(&path).trim().to_string();
             if path.is_empty() || !Path::new(&path).is_absolute() {
                 control::write_line(

@@ -72,16 +72,13 @@ fn a_bad_trace_or_size_is_a_precise_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("opening the trace"));
 }
 
-/// `serve --record-trace`: a real NBD client's requests land in the trace file at stop, in
-/// the shared format, and `tiercache replay` reads it back.
-#[test]
-fn serve_records_a_trace_that_replay_reads() {
-    let vol = TempVolume::created(64 << 20, "16M");
-    let sock = vol.path("nbd.sock");
-    let trace = vol.path("trace.csv.gz");
-    let mut child = tiercache_cmd()
+/// `tiercache serve` of `vol` over NBD on the Unix socket `sock`, with `extra` arguments,
+/// waited for until nbdinfo gets an answer; the process and the NBD URI.
+fn serve(vol: &TempVolume, sock: &std::path::Path, extra: &[&str]) -> (std::process::Child, String) {
+    let child = tiercache_cmd()
         .args(["serve", "--cache", p(&vol.cache), "--backing", p(&vol.backing)])
-        .args(["--nbd", &format!("unix:{}", sock.display()), "--record-trace", p(&trace)])
+        .args(["--nbd", &format!("unix:{}", sock.display())])
+        .args(extra)
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
@@ -91,6 +88,17 @@ fn serve_records_a_trace_that_replay_reads() {
         assert!(std::time::Instant::now() < deadline, "the server did not come up");
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    (child, uri)
+}
+
+/// `serve --record-trace`: a real NBD client's requests land in the trace file at stop, in
+/// the shared format, and `tiercache replay` reads it back.
+#[test]
+fn serve_records_a_trace_that_replay_reads() {
+    let vol = TempVolume::created(64 << 20, "16M");
+    let sock = vol.path("nbd.sock");
+    let trace = vol.path("trace.csv.gz");
+    let (mut child, uri) = serve(&vol, &sock, &["--record-trace", p(&trace)]);
     qemu_io(&uri, &["write -P 0xab 1M 256k", "read -P 0xab 1M 256k", "write -P 0xcd 8M 4k", "flush"]);
     sigterm(&child);
     assert!(child.wait().unwrap().success());
@@ -118,18 +126,7 @@ fn a_trace_starts_and_stops_through_the_control_socket() {
     let vol = TempVolume::created(64 << 20, "16M");
     let sock = vol.path("nbd.sock");
     let control = vol.path("control.sock");
-    let mut child = tiercache_cmd()
-        .args(["serve", "--cache", p(&vol.cache), "--backing", p(&vol.backing)])
-        .args(["--nbd", &format!("unix:{}", sock.display()), "--control", p(&control)])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let uri = format!("nbd+unix:///tiercache?socket={}", sock.display());
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    while !tool("nbdinfo").arg("--size").arg(&uri).output().is_ok_and(|o| o.status.success()) {
-        assert!(std::time::Instant::now() < deadline, "the server did not come up");
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    let (mut child, uri) = serve(&vol, &sock, &["--control", p(&control)]);
     let cache = p(&vol.cache);
     let ctl = ["--control", p(&control)];
     // Nothing to stop yet: a precise error.
