@@ -137,13 +137,23 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 19] = [
+        let counters: [(&str, &str, u64); 21] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
             ("read_hit_blocks", "Blocks read from the cache (RAM or cache device)", c.read_hit_blocks),
             ("read_miss_blocks", "Blocks read from the backing device", c.read_miss_blocks),
             ("admitted_blocks", "Blocks read from the backing device and admitted into the cache", c.admitted_blocks),
+            (
+                "bypassed_blocks_size",
+                "Missed blocks not admitted: their read was larger than the admission limit",
+                c.bypassed_blocks_size,
+            ),
+            (
+                "bypassed_blocks_sequential",
+                "Missed blocks not admitted: their read continued a long sequential stream",
+                c.bypassed_blocks_sequential,
+            ),
             ("evicted_blocks", "Clean blocks evicted by reclaim", c.evicted_blocks),
             ("written_back_blocks", "Dirty blocks written back to the backing device", c.destaged_blocks),
             ("copied_forward_blocks", "Dirty blocks reclaim moved to the log tail instead", c.copied_forward_blocks),

@@ -79,6 +79,11 @@ pub struct ServeArgs {
     /// of the trace and counted in the log.
     #[arg(long, value_name = "FILE")]
     record_trace: Option<PathBuf>,
+    /// A sequential read stream's misses past this size are not admitted into the cache
+    /// (scans, backups and dumps do not push the hot set out). 0 admits whatever the stream.
+    /// Default: 2M.
+    #[arg(long, value_name = "SIZE", value_parser = crate::devices::parse_size)]
+    sequential_bypass: Option<u64>,
     /// Write-back stops when dirty data falls to this percentage of the cache (default: the
     /// value given at create, 30).
     #[arg(long, value_name = "PERCENT")]
@@ -102,6 +107,7 @@ struct ServeConfig {
     control: Option<PathBuf>,
     metrics: Option<String>,
     record_trace: Option<PathBuf>,
+    sequential_bypass: Option<String>,
     dirty_low: Option<f64>,
     dirty_high: Option<f64>,
 }
@@ -123,6 +129,13 @@ impl ServeArgs {
         self.control = self.control.or(c.control);
         self.metrics = self.metrics.or(c.metrics);
         self.record_trace = self.record_trace.or(c.record_trace);
+        if self.sequential_bypass.is_none() {
+            if let Some(s) = &c.sequential_bypass {
+                let v = crate::devices::parse_size(s)
+                    .map_err(|e| anyhow::anyhow!("{}: sequential_bypass {s:?}: {e}", path.display()))?;
+                self.sequential_bypass = Some(v);
+            }
+        }
         self.dirty_low = self.dirty_low.or(c.dirty_low);
         self.dirty_high = self.dirty_high.or(c.dirty_high);
         Ok(self)
@@ -287,6 +300,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let sb = tiercache_engine::read_superblock(&*cache)?;
     let options = VolumeOptions {
         dirty_watermarks_permille: args.watermarks(sb.dirty_low_permille, sb.dirty_high_permille)?,
+        sequential_bypass_bytes: args.sequential_bypass.unwrap_or(tiercache_engine::constants::SEQUENTIAL_BYPASS_BYTES),
         ..VolumeOptions::default()
     };
     let (volume, report) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), options)?;

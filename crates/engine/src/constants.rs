@@ -53,6 +53,10 @@ pub const WRITE_AROUND_YIELD_MAX_PERMILLE: u64 = 900;
 /// headers between the runs of a request's blocks: 8 cover a 4 MiB request).
 pub const MAX_SKIPPED_SLOTS: usize = 8;
 
+/// A sequential read stream's misses past this many bytes bypass admission (`streams.rs`):
+/// 2 MiB lets a database's read-ahead of an extent or two in, and keeps a scan out.
+pub const SEQUENTIAL_BYPASS_BYTES: u64 = 2 << 20;
+
 /// Read requests larger than this bypass admission (sequential scans do not flush the cache).
 pub const ADMIT_MAX_REQUEST_BYTES: u64 = 256 * 1024;
 

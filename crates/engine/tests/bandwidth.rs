@@ -11,6 +11,9 @@
 //! - `a_writer_that_must_write_back_does_it_in_batches`: when nobody pre-cleaned, reclaim's
 //!   own write-back covers the next segments too: one backing flush for several segments,
 //!   not one per segment;
+//! - `a_sequential_scan_leaves_the_hot_set_cached`: a scan of the whole volume (a long
+//!   sequential read stream) is not admitted past `sequential_bypass_bytes`, so the hot set's
+//!   hit ratio afterwards is what it was before (and with the bypass off, it is not);
 //! - `concurrent_writers_requests_land_in_consecutive_slots`: a request's blocks are staged
 //!   together, so they lie in consecutive log slots however many writers stage at once (and a
 //!   later read of them is one I/O per record).
@@ -29,7 +32,13 @@ const BACKING_BLOCKS: u64 = 4096;
 
 /// A 1024-block log in 16-block segments over a 4096-block backing device stamped with
 /// version 0, opened without a background thread (the tests run its rounds themselves).
+/// Sequential reads are admitted however long (`sequential_bypass_bytes` 0): these tests
+/// fill the log with clean data by reading the backing device in order.
 fn volume() -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
+    volume_with(VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() })
+}
+
+fn volume_with(options: VolumeOptions) -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
     let ck = Layout::checkpoint_blocks_for(LOG_BLOCKS, BS as u32);
     let cache = Arc::new(SimDevice::new((2 + 2 * ck + LOG_BLOCKS) * BS as u64, BS as u32).with_name("cache"));
     let backing = Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_name("backing"));
@@ -37,7 +46,7 @@ fn volume() -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
     create(&*cache, &*backing, &opts).expect("create");
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();
-    let volume = Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0;
+    let volume = Volume::open(c, b, Arc::new(MonotonicClock::new()), options).expect("open").0;
     (cache, backing, volume)
 }
 
@@ -217,6 +226,52 @@ fn concurrent_writers_requests_land_in_consecutive_slots() {
             // cuts the request; never interleaved block by block with other writers'.
             let runs = 1 + slots.windows(2).filter(|w| w[1] != w[0] + 1).count();
             assert!(runs <= 2, "seed {seed}: request {request} lies in {runs} runs of slots: {slots:?}");
+        }
+    }
+}
+
+/// The hot set's hit ratio over one pass of 4 KiB reads of blocks `0..HOT` in a scattered
+/// order.
+fn hot_pass_hit_ratio(volume: &Volume, hot: u64) -> f64 {
+    let before = volume.status().counters;
+    let mut buf = vec![0u8; BS];
+    for k in 0..hot {
+        let b = (k * 37) % hot;
+        volume.read(b * BS as u64, &mut buf).unwrap();
+    }
+    let after = volume.status().counters;
+    let hits = after.read_hit_blocks - before.read_hit_blocks;
+    hits as f64 / (hits + after.read_miss_blocks - before.read_miss_blocks) as f64
+}
+
+#[test]
+fn a_sequential_scan_leaves_the_hot_set_cached() {
+    const HOT: u64 = 256;
+    for bypass in [true, false] {
+        let options =
+            VolumeOptions { sequential_bypass_bytes: if bypass { 2 << 20 } else { 0 }, ..VolumeOptions::default() };
+        let (_cache, _backing, volume) = volume_with(options);
+        // The hot set: read until cached (the first pass admits it).
+        hot_pass_hit_ratio(&volume, HOT);
+        volume.flush().unwrap();
+        let before = hot_pass_hit_ratio(&volume, HOT);
+        assert!(before > 0.99, "the hot set is cached: hit ratio {before}");
+        // A scan of the rest of the volume, 64 KiB at a time: 3,840 blocks through a 1,024-
+        // block log.
+        let mut buf = vec![0u8; 16 * BS];
+        for b in (HOT..BACKING_BLOCKS).step_by(16) {
+            volume.read(b * BS as u64, &mut buf).unwrap();
+        }
+        volume.flush().unwrap();
+        let after = hot_pass_hit_ratio(&volume, HOT);
+        let bypassed = volume.status().counters.bypassed_blocks_sequential;
+        if bypass {
+            assert!(after >= before * 0.95, "the scan pushed the hot set out: {before} -> {after}");
+            // (The first 2 MiB of the scan, 512 blocks, were admitted.)
+            assert_eq!(bypassed, BACKING_BLOCKS - HOT - 512);
+        } else {
+            assert!(after < 0.5, "without the bypass the scan evicts the hot set: {before} -> {after}");
+            assert_eq!(bypassed, 0);
         }
     }
 }

@@ -79,6 +79,7 @@ mod read;
 mod reclaim;
 mod staging;
 mod status;
+mod streams;
 mod write;
 mod write_around;
 mod writeback;
@@ -115,6 +116,9 @@ use tiercache_sched::Mutex;
 pub struct VolumeOptions {
     /// Read requests larger than this are not admitted into the cache.
     pub admit_max_request_bytes: u64,
+    /// A sequential read stream's misses past this many bytes are not admitted into the
+    /// cache (0: admit whatever the stream).
+    pub sequential_bypass_bytes: u64,
     /// Checkpoint when this share of the log (per mille) was written since the last one.
     pub checkpoint_interval_permille: u64,
     /// Dirty watermarks (low, high) in per mille of the log for this run, instead of the ones
@@ -137,6 +141,7 @@ impl Default for VolumeOptions {
     fn default() -> Self {
         VolumeOptions {
             admit_max_request_bytes: ADMIT_MAX_REQUEST_BYTES,
+            sequential_bypass_bytes: SEQUENTIAL_BYPASS_BYTES,
             checkpoint_interval_permille: CHECKPOINT_INTERVAL_PERMILLE,
             dirty_watermarks_permille: None,
             write_around: WriteAroundPolicy::default(),
@@ -184,6 +189,12 @@ pub struct Counters {
     pub read_hit_blocks: u64,
     pub read_miss_blocks: u64,
     pub admitted_blocks: u64,
+    /// Missed blocks not admitted because their read was larger than the admission limit.
+    #[serde(default)]
+    pub bypassed_blocks_size: u64,
+    /// Missed blocks not admitted because their read continued a long sequential stream.
+    #[serde(default)]
+    pub bypassed_blocks_sequential: u64,
     pub written_blocks: u64,
     pub records_written: u64,
     /// Records sealed while an older record's write was still in progress (the pipeline).
@@ -260,6 +271,8 @@ struct State {
     destaging: bool,
     /// Writes that went around the cache and what they still owe (see `write_around.rs`).
     around: write_around::Around,
+    /// Sequential read streams (`streams.rs`).
+    streams: streams::Streams,
 }
 
 impl State {
@@ -473,6 +486,7 @@ impl Volume {
                 counters: Counters::default(),
                 destaging: false,
                 around: write_around::Around::default(),
+                streams: streams::Streams::default(),
             }),
             dirty_low_blocks: layout.log_blocks * u64::from(watermarks.0) / 1000,
             dirty_high_blocks: layout.log_blocks * u64::from(watermarks.1) / 1000,

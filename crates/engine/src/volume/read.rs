@@ -20,8 +20,7 @@ impl Volume {
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.check_request(offset, buf.len() as u64)?;
         let first = offset / self.bs as u64;
-        let admit = buf.len() as u64 <= self.options.admit_max_request_bytes;
-        let plan = self.plan_read(first, buf)?;
+        let (plan, admit) = self.plan_read(first, buf)?;
         let backing_result = self.read_backing_runs(first, &plan, buf);
         let mut retry = self.read_cache_runs(&plan, buf);
         self.admit_and_confirm(first, &plan, buf, admit && backing_result.is_ok(), &mut retry);
@@ -37,7 +36,10 @@ impl Volume {
     /// Plans a read under the lock: copies what is in RAM (staging, the record in flight),
     /// notes where the rest lives, and registers the misses as fills (a write of the block,
     /// or its loss, meanwhile cancels its admission; a trim does not need to).
-    fn plan_read(&self, first: u64, buf: &mut [u8]) -> Result<Vec<Source>> {
+    /// Also decides whether this read's misses are admitted: not if the read is larger than
+    /// the admission limit, nor if it continues a sequential stream already longer than
+    /// `sequential_bypass_bytes` (`streams.rs`); the misses left out are counted by reason.
+    fn plan_read(&self, first: u64, buf: &mut [u8]) -> Result<(Vec<Source>, bool)> {
         let bs = self.bs;
         let nblocks = buf.len() / bs;
         let mut plan: Vec<Source> = Vec::with_capacity(nblocks);
@@ -73,7 +75,19 @@ impl Volume {
                 st.counters.read_miss_blocks += 1;
             }
         }
-        Ok(plan)
+        let misses = plan.iter().filter(|s| matches!(s, Source::Backing)).count() as u64;
+        let stream_bytes = st.streams.note(first, nblocks as u64) * bs as u64;
+        let bypass = self.options.sequential_bypass_bytes;
+        let admit = if buf.len() as u64 > self.options.admit_max_request_bytes {
+            st.counters.bypassed_blocks_size += misses;
+            false
+        } else if bypass > 0 && stream_bytes > bypass {
+            st.counters.bypassed_blocks_sequential += misses;
+            false
+        } else {
+            true
+        };
+        Ok((plan, admit))
     }
 
     /// Reads the misses from the backing device, merged into runs of consecutive blocks.
