@@ -330,6 +330,13 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         ),
         ("oldest dirty", s.oldest_dirty_age_seconds.map_or("-".into(), |a| format!("{a:.1} s"))),
         ("read hit ratio", s.read_hit_ratio.map_or("-".into(), |r| format!("{:.1} %", 100.0 * r))),
+        (
+            "read misses",
+            format!(
+                "{} blocks admitted; left out: {} of long sequential streams, {} of reads over the admission limit",
+                s.counters.admitted_blocks, s.counters.bypassed_blocks_sequential, s.counters.bypassed_blocks_size
+            ),
+        ),
         ("lost blocks", s.lost_blocks.to_string()),
         (
             "index RAM",
