@@ -94,6 +94,14 @@ pub struct ServeArgs {
     dirty_high: Option<f64>,
 }
 
+/// A size in the config file: a string with a unit ("2M") or a bare number of bytes.
+#[derive(Debug, serde::Deserialize)]
+#[serde(untagged)]
+enum SizeValue {
+    Bytes(u64),
+    Text(String),
+}
+
 /// `serve --config FILE`: the same settings as the flags (unknown keys are errors).
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -107,7 +115,8 @@ struct ServeConfig {
     control: Option<PathBuf>,
     metrics: Option<String>,
     record_trace: Option<PathBuf>,
-    sequential_bypass: Option<String>,
+    /// A size: "2M", or a number of bytes (0 admits everything).
+    sequential_bypass: Option<SizeValue>,
     dirty_low: Option<f64>,
     dirty_high: Option<f64>,
 }
@@ -130,11 +139,14 @@ impl ServeArgs {
         self.metrics = self.metrics.or(c.metrics);
         self.record_trace = self.record_trace.or(c.record_trace);
         if self.sequential_bypass.is_none() {
-            if let Some(s) = &c.sequential_bypass {
-                let v = crate::devices::parse_size(s)
-                    .map_err(|e| anyhow::anyhow!("{}: sequential_bypass {s:?}: {e}", path.display()))?;
-                self.sequential_bypass = Some(v);
-            }
+            self.sequential_bypass = match &c.sequential_bypass {
+                Some(SizeValue::Bytes(n)) => Some(*n),
+                Some(SizeValue::Text(s)) => Some(
+                    crate::devices::parse_size(s)
+                        .map_err(|e| anyhow::anyhow!("{}: sequential_bypass {s:?}: {e}", path.display()))?,
+                ),
+                None => None,
+            };
         }
         self.dirty_low = self.dirty_low.or(c.dirty_low);
         self.dirty_high = self.dirty_high.or(c.dirty_high);

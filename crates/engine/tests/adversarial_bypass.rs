@@ -147,7 +147,12 @@ fn an_unaligned_scan_is_recognised() {
         v.read_bytes(512 + k * 64 * 1024, &mut buf).unwrap();
     }
     let c = v.status().counters;
-    assert!(c.bypassed_blocks_sequential >= 512, "admitted {}, bypassed {}", c.admitted_blocks, c.bypassed_blocks_sequential);
+    assert!(
+        c.bypassed_blocks_sequential >= 512,
+        "admitted {}, bypassed {}",
+        c.admitted_blocks,
+        c.bypassed_blocks_sequential
+    );
 }
 
 // Suspicion: the counters double-count misses that would not have been admitted anyway: while
@@ -157,7 +162,10 @@ fn an_unaligned_scan_is_recognised() {
 #[test]
 fn bypass_counters_count_only_misses_admission_would_have_taken() {
     let wa = WriteAroundPolicy { min_bytes: 2 * BS as u64, only_when_destage_bound: false };
-    let v = volume_with(VolumeOptions { write_around: wa, sequential_bypass_bytes: 2 * MIB, ..VolumeOptions::default() }, true);
+    let v = volume_with(
+        VolumeOptions { write_around: wa, sequential_bypass_bytes: 2 * MIB, ..VolumeOptions::default() },
+        true,
+    );
     v.write(4000 * BS as u64, &stamps(4000, 4, 1)).unwrap();
     assert!(v.status().counters.written_around_blocks >= 4, "the write went around");
     // Control: a small read now admits nothing (write-around unflushed).

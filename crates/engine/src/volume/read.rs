@@ -6,6 +6,21 @@
 
 use super::*;
 
+/// Whether a read's misses are admitted, and if not, why (counted by reason).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Admit {
+    Yes,
+    No(Bypass),
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Bypass {
+    /// The read is larger than `admit_max_request_bytes`.
+    Size,
+    /// The read continues a long sequential stream.
+    Sequential,
+}
+
 /// Where a block's data was found when a read was planned.
 enum Source {
     /// Copied from staging or the record in flight, under the lock.
@@ -23,7 +38,7 @@ impl Volume {
         let (plan, admit) = self.plan_read(first, buf)?;
         let backing_result = self.read_backing_runs(first, &plan, buf);
         let mut retry = self.read_cache_runs(&plan, buf);
-        self.admit_and_confirm(first, &plan, buf, admit && backing_result.is_ok(), &mut retry);
+        self.admit_and_confirm(first, &plan, buf, admit, backing_result.is_ok(), &mut retry);
         backing_result?;
         let bs = self.bs;
         for i in retry {
@@ -37,9 +52,9 @@ impl Volume {
     /// notes where the rest lives, and registers the misses as fills (a write of the block,
     /// or its loss, meanwhile cancels its admission; a trim does not need to).
     /// Also decides whether this read's misses are admitted: not if the read is larger than
-    /// the admission limit, nor if it continues a sequential stream already longer than
-    /// `sequential_bypass_bytes` (`streams.rs`); the misses left out are counted by reason.
-    fn plan_read(&self, first: u64, buf: &mut [u8]) -> Result<(Vec<Source>, bool)> {
+    /// the admission limit, nor if it continues a sequential stream that had already read
+    /// `sequential_bypass_bytes` (`streams.rs`); `admit_and_confirm` counts what is left out.
+    fn plan_read(&self, first: u64, buf: &mut [u8]) -> Result<(Vec<Source>, Admit)> {
         let bs = self.bs;
         let nblocks = buf.len() / bs;
         let mut plan: Vec<Source> = Vec::with_capacity(nblocks);
@@ -75,17 +90,14 @@ impl Volume {
                 st.counters.read_miss_blocks += 1;
             }
         }
-        let misses = plan.iter().filter(|s| matches!(s, Source::Backing)).count() as u64;
-        let stream_bytes = st.streams.note(first, nblocks as u64) * bs as u64;
+        let streamed = st.streams.note(first, nblocks as u64) * bs as u64;
         let bypass = self.options.sequential_bypass_bytes;
         let admit = if buf.len() as u64 > self.options.admit_max_request_bytes {
-            st.counters.bypassed_blocks_size += misses;
-            false
-        } else if bypass > 0 && stream_bytes > bypass {
-            st.counters.bypassed_blocks_sequential += misses;
-            false
+            Admit::No(Bypass::Size)
+        } else if bypass > 0 && streamed >= bypass {
+            Admit::No(Bypass::Sequential)
         } else {
-            true
+            Admit::Yes
         };
         Ok((plan, admit))
     }
@@ -171,7 +183,15 @@ impl Volume {
     /// fill, and the block is not lost), and confirms each cache hit is still current, adding
     /// those that are not to `retry` (a slot can hold another copy of the same block a lap
     /// later; a position cannot, so "still current" is "the index names the same position").
-    fn admit_and_confirm(&self, first: u64, plan: &[Source], buf: &[u8], admit: bool, retry: &mut Vec<usize>) {
+    fn admit_and_confirm(
+        &self,
+        first: u64,
+        plan: &[Source],
+        buf: &[u8],
+        admit: Admit,
+        read_ok: bool,
+        retry: &mut Vec<usize>,
+    ) {
         let bs = self.bs;
         let mut st = self.lock();
         let now = self.clock.now_ns();
@@ -180,10 +200,17 @@ impl Volume {
             match src {
                 Source::Backing => {
                     let cancelled = st.end_fill(block);
-                    if admit && !cancelled && !st.lost.contains_key(&block) && st.around.admissible(block) {
-                        let data = &buf[i * bs..(i + 1) * bs];
-                        if st.staging.put(block, EntryKind::DataClean, data, checksum(data), now) {
-                            st.counters.admitted_blocks += 1;
+                    if read_ok && !cancelled && !st.lost.contains_key(&block) && st.around.admissible(block) {
+                        // (Counted by reason only where admission would have taken it.)
+                        match admit {
+                            Admit::Yes => {
+                                let data = &buf[i * bs..(i + 1) * bs];
+                                if st.staging.put(block, EntryKind::DataClean, data, checksum(data), now) {
+                                    st.counters.admitted_blocks += 1;
+                                }
+                            }
+                            Admit::No(Bypass::Size) => st.counters.bypassed_blocks_size += 1,
+                            Admit::No(Bypass::Sequential) => st.counters.bypassed_blocks_sequential += 1,
                         }
                     }
                 }

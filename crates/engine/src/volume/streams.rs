@@ -1,5 +1,8 @@
-//! Sequential read streams, recognised across requests: a read that starts where a recent
-//! one ended continues its stream. Past `VolumeOptions::sequential_bypass_bytes` a stream's
+//! Sequential read streams, recognised across requests: a read that starts near where a
+//! recent one ended (within about the stream's last request length either way: clients keep
+//! several requests in flight, which may arrive swapped, and unaligned reads overlap their
+//! neighbours' edge blocks; random 4 KiB reads in a small hot area stay apart) continues its
+//! stream. Past `VolumeOptions::sequential_bypass_bytes` a stream's
 //! misses are not admitted into the cache (a table scan, a backup or `pg_dump` reads the
 //! volume once; admitted, it would push the hot set out of a FIFO log). A small table of
 //! the most recent streams, least recently used replaced: several concurrent scans are each
@@ -14,6 +17,9 @@ struct Stream {
     next: u64,
     /// Blocks read by the stream so far.
     blocks: u64,
+    /// Its last read's length in blocks: the next read of the stream may start up to this far
+    /// past `next`, or twice this far before it.
+    last: u64,
     /// When it was last continued (a counter of reads).
     used: u64,
 }
@@ -25,20 +31,28 @@ pub(super) struct Streams {
 }
 
 impl Streams {
-    /// Notes a read of blocks `first..first + n`; returns how many blocks its stream has
-    /// read, this request included (`n` when it starts a new one).
+    /// Notes a read of blocks `first..first + n`; returns how many blocks its stream had
+    /// read before it (0 when it starts a new one, and for an empty read, which is not noted).
     pub(super) fn note(&mut self, first: u64, n: u64) -> u64 {
+        if n == 0 {
+            return 0;
+        }
         self.reads += 1;
         let now = self.reads;
-        if let Some(s) = self.table.iter_mut().find(|s| s.blocks > 0 && s.next == first) {
-            s.next = first + n;
+        // (Behind by up to two reads: the one a swapped neighbour pushed `next` past, and its own.)
+        let near = |s: &&mut Stream| s.blocks > 0 && first + 2 * s.last >= s.next && first <= s.next + s.last;
+        // (The longest stream near, if several are: a re-read of a scan's tail continues it.)
+        if let Some(s) = self.table.iter_mut().filter(near).max_by_key(|s| s.blocks) {
+            let before = s.blocks;
+            s.next = s.next.max(first + n);
             s.blocks += n;
+            s.last = n;
             s.used = now;
-            return s.blocks;
+            return before;
         }
         let oldest = self.table.iter_mut().min_by_key(|s| s.used).expect("a non-empty table");
-        *oldest = Stream { next: first + n, blocks: n, used: now };
-        n
+        *oldest = Stream { next: first + n, blocks: n, last: n, used: now };
+        0
     }
 }
 
@@ -51,17 +65,21 @@ mod tests {
         let mut s = Streams::default();
         // Two scans, interleaved, 16 blocks per read.
         for k in 0..10 {
-            assert_eq!(s.note(1000 + 16 * k, 16), 16 * (k + 1));
-            assert_eq!(s.note(9000 + 16 * k, 16), 16 * (k + 1));
+            assert_eq!(s.note(1000 + 16 * k, 16), 16 * k);
+            assert_eq!(s.note(9000 + 16 * k, 16), 16 * k);
         }
-        // Random reads never continue a stream.
-        for b in [5, 77, 300, 12, 4000] {
-            assert_eq!(s.note(b, 1), 1);
+        // Random reads never continue a stream (nor do empty ones count).
+        for b in [5, 300, 2000, 4000, 6000] {
+            assert_eq!(s.note(b, 1), 0);
         }
+        assert_eq!(s.note(1160, 0), 0);
+        // Swapped neighbours still continue the first scan.
+        assert_eq!(s.note(1176, 16), 160);
+        assert_eq!(s.note(1160, 16), 176);
         // Sixteen other streams later, the first scan has been forgotten.
         for k in 0..STREAMS as u64 {
             s.note(100_000 * (k + 1), 1);
         }
-        assert_eq!(s.note(1160, 16), 16);
+        assert_eq!(s.note(1192, 16), 0);
     }
 }
