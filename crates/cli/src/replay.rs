@@ -219,9 +219,14 @@ struct ReplayReport {
     sizes: Vec<SizeResult>,
 }
 
-/// A cache of about `blocks` log blocks: segments of a 64th of the log (4 to 256 blocks).
+/// The segment size for a log of about `blocks` blocks: a 64th of it (4 to 256 blocks).
+fn segment_blocks_for(blocks: u64) -> u32 {
+    (blocks / 64).clamp(4, 256).next_power_of_two().min(256) as u32
+}
+
+/// A cache of about `blocks` log blocks, in segments of `segment_blocks_for(blocks)`.
 fn cache_device(blocks: u64) -> Result<Arc<MemDevice>> {
-    let seg = (blocks / 64).clamp(4, 256).next_power_of_two().min(256) as u32;
+    let seg = segment_blocks_for(blocks);
     let log = blocks.max(8 * u64::from(seg)) / u64::from(seg) * u64::from(seg);
     // The superblock copies, two checkpoint areas and the log (Layout::compute rounds down).
     let total = 8 + 2 * Layout::checkpoint_blocks_for(log, BS as u32) + log;
@@ -231,8 +236,7 @@ fn cache_device(blocks: u64) -> Result<Arc<MemDevice>> {
 fn replay_one(requests: &[Request], extent: u64, size: &str, blocks: u64) -> Result<SizeResult> {
     let cache = cache_device(blocks)?;
     let backing = Arc::new(NullDevice { size: extent, reads: AtomicU64::new(0), writes: AtomicU64::new(0) });
-    let seg = (blocks / 64).clamp(4, 256).next_power_of_two().min(256) as u32;
-    let options = CreateOptions { segment_blocks: seg, ..CreateOptions::default() };
+    let options = CreateOptions { segment_blocks: segment_blocks_for(blocks), ..CreateOptions::default() };
     create(&*cache, &*backing, &options).with_context(|| format!("formatting a {blocks}-block cache"))?;
     let clock = SimClock::new();
     let c: Arc<dyn BlockDevice> = cache.clone();

@@ -281,6 +281,11 @@ impl State {
         self.inflight.iter().rev().find_map(|r| r.map.get(&block).map(|&k| &r.buf[(1 + k) * bs..(2 + k) * bs]))
     }
 
+    /// The lock of the oldest record whose write has not returned.
+    fn oldest_record_writing(&self) -> Option<Arc<Mutex<()>>> {
+        self.inflight.iter().find(|r| r.done.is_none()).map(|r| Arc::clone(&r.writing))
+    }
+
     /// Whether a sealed record not yet in the index holds `block`.
     fn is_in_flight(&self, block: u64) -> bool {
         self.inflight.iter().any(|r| r.map.contains_key(&block))
@@ -530,7 +535,7 @@ impl Volume {
     /// The log writer's lock if it is free (a reader's or the background's opportunistic
     /// record write), drained as `lock_io`.
     fn try_lock_io(&self) -> Option<IoGuard<'_>> {
-        let io = lock_order::try_ranked(self.lock_owner(), lock_order::Rank::Io, || self.io.try_lock().ok())?;
+        let io = self.try_lock_io_to_seal()?;
         self.drain_records();
         Some(io)
     }
@@ -550,20 +555,35 @@ impl Volume {
     /// A failed write counts as ended: the volume is poisoned, and its record stays in
     /// flight for reads.
     fn drain_records(&self) {
-        while let Some(writing) = self.oldest_record_writing() {
-            drop(self.lock_record_write(&writing));
-        }
+        self.wait_for_each(lock_order::Rank::Record, State::oldest_record_writing);
     }
 
     /// The oldest record whose write has not returned.
     fn oldest_record_writing(&self) -> Option<Arc<Mutex<()>>> {
-        let st = self.lock();
-        st.inflight.iter().find(|r| r.done.is_none()).map(|r| Arc::clone(&r.writing))
+        self.lock().oldest_record_writing()
     }
 
     /// A record's write lock (see `Inflight::writing`).
     fn lock_record_write<'a>(&self, writing: &'a Mutex<()>) -> lock_order::Ranked<MutexGuard<'a, ()>> {
-        lock_order::ranked(self.lock_owner(), lock_order::Rank::Record, || writing.lock().expect("record write lock"))
+        self.lock_writers_own(lock_order::Rank::Record, writing)
+    }
+
+    /// The lock a writer holds across its own I/O (a record write, a write-around's backing
+    /// write), at its rank.
+    fn lock_writers_own<'a>(&self, rank: lock_order::Rank, m: &'a Mutex<()>) -> lock_order::Ranked<MutexGuard<'a, ()>> {
+        lock_order::ranked(self.lock_owner(), rank, || m.lock().expect("a writer's own lock"))
+    }
+
+    /// Waits on writers' own locks (`rank`) until `next` finds none under way: each taken
+    /// and let go at once, so the wait ends when that writer's I/O has.
+    fn wait_for_each(&self, rank: lock_order::Rank, next: impl Fn(&State) -> Option<Arc<Mutex<()>>>) {
+        loop {
+            let m = next(&self.lock());
+            match m {
+                Some(m) => drop(self.lock_writers_own(rank, &m)),
+                None => return,
+            }
+        }
     }
 
     /// The write-around lock, with no write-around under way: none begins, and none ends,
@@ -597,18 +617,14 @@ impl Volume {
     /// Waits until no write-around is under way (the around or the destage lock held, so
     /// none begins meanwhile): each holds its own lock across its backing write.
     fn wait_for_write_arounds(&self) {
-        loop {
-            let under_way = self.lock().around.under_way.first().map(|(_, _, m)| Arc::clone(m));
-            match under_way {
-                Some(m) => drop(self.lock_write_around_write(&m)),
-                None => return,
-            }
-        }
+        self.wait_for_each(lock_order::Rank::AroundWrite, |st| {
+            st.around.under_way.first().map(|(_, _, m)| Arc::clone(m))
+        });
     }
 
     /// A write-around's own lock (see `Around::under_way`).
     fn lock_write_around_write<'a>(&self, m: &'a Mutex<()>) -> lock_order::Ranked<MutexGuard<'a, ()>> {
-        lock_order::ranked(self.lock_owner(), lock_order::Rank::AroundWrite, || m.lock().expect("write-around lock"))
+        self.lock_writers_own(lock_order::Rank::AroundWrite, m)
     }
 
     /// The volume's size: the backing device's.
