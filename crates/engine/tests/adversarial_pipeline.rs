@@ -8,119 +8,14 @@
 //! where write-around is involved. Versions: 0 the backing device's initial content.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{mpsc, Arc};
 use std::time::Duration;
 use tiercache_device::{BlockDevice, FailMode, MonotonicClock, OpKind, SimDevice};
-use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions, WriteAroundPolicy};
-use tiercache_format::Layout;
+use tiercache_engine::{Volume, VolumeOptions};
 
 mod common;
+use common::holds::{crash_and_recover, open_wa, ver, wa_devices, write_n, Dev, Op};
 use common::*;
-
-// ------------------------------------------------------------------------------------------
-// A device wrapper that holds the first I/O a predicate accepts (and forwards
-// `atomic_write_bytes`, so that a volume on it may write around).
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Op {
-    Read,
-    Write,
-    Flush,
-}
-
-type Pred = Box<dyn FnMut(Op, u64, usize) -> bool + Send>;
-
-#[derive(Default)]
-struct DevState {
-    hold: Option<Pred>,
-    held: bool,
-    open: bool,
-}
-
-struct Dev {
-    inner: Arc<SimDevice>,
-    st: Mutex<DevState>,
-    cv: Condvar,
-}
-
-fn covers(offset: u64, len: usize, block: u64) -> bool {
-    let at = block * BS as u64;
-    offset <= at && at < offset + len as u64
-}
-
-impl Dev {
-    fn new(inner: &Arc<SimDevice>) -> Arc<Dev> {
-        Arc::new(Dev { inner: Arc::clone(inner), st: Mutex::new(DevState::default()), cv: Condvar::new() })
-    }
-
-    fn hold(&self, pred: impl FnMut(Op, u64, usize) -> bool + Send + 'static) {
-        let mut g = self.st.lock().unwrap();
-        g.hold = Some(Box::new(pred));
-        g.held = false;
-        g.open = false;
-    }
-
-    fn wait_held(&self) {
-        let mut g = self.st.lock().unwrap();
-        let deadline = std::time::Instant::now() + Duration::from_secs(60);
-        while !g.held {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            assert!(!left.is_zero(), "the held I/O never came");
-            g = self.cv.wait_timeout(g, left).unwrap().0;
-        }
-    }
-
-    fn release(&self) {
-        let mut g = self.st.lock().unwrap();
-        g.open = true;
-        g.hold = None;
-        self.cv.notify_all();
-    }
-
-    fn gate(&self, op: Op, offset: u64, len: usize) {
-        let mut g = self.st.lock().unwrap();
-        let matches = g.hold.as_mut().is_some_and(|p| p(op, offset, len));
-        if !matches {
-            return;
-        }
-        g.hold = None;
-        g.held = true;
-        self.cv.notify_all();
-        while !g.open {
-            g = self.cv.wait(g).unwrap();
-        }
-    }
-}
-
-impl BlockDevice for Dev {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.gate(Op::Read, offset, buf.len());
-        self.inner.read_at(offset, buf)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.gate(Op::Write, offset, buf.len());
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.gate(Op::Flush, 0, 0);
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        format!("dev:{}", self.inner.describe())
-    }
-    fn atomic_write_bytes(&self) -> u32 {
-        self.inner.atomic_write_bytes()
-    }
-}
 
 // ------------------------------------------------------------------------------------------
 // Volumes.
@@ -137,52 +32,6 @@ fn gated() -> (Arc<Gate>, Arc<SimDevice>, Arc<SimDevice>, Arc<Volume>) {
 
 /// One more block than a record's data holds (126): the last one finds staging full and seals.
 const FILL: u64 = 127;
-
-fn write_run(v: &Volume, first: u64, n: u64, version: u64) -> Result<(), EngineError> {
-    v.write(first * BS as u64, &stamps(first, n, version))
-}
-
-/// A cache of `log_segments` segments of 8 blocks and a backing device of `blocks` blocks
-/// that never tears a 4 KiB block (write-around allowed).
-fn wa_devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>) {
-    let log_blocks = log_segments * 8;
-    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
-    let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
-    let backing = Arc::new(atomic_backing(stamps(0, blocks, 0)));
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).expect("create");
-    (cache, backing)
-}
-
-fn atomic_backing(image: Vec<u8>) -> SimDevice {
-    SimDevice::from_image(image, BS as u32).with_name("backing").with_atomic_write(BS as u32)
-}
-
-/// Writes of two blocks or more go around, whatever the dirty level.
-fn wa_options() -> VolumeOptions {
-    VolumeOptions {
-        write_around: WriteAroundPolicy { min_bytes: 2 * BS as u64, only_when_destage_bound: false },
-        ..VolumeOptions::default()
-    }
-}
-
-fn open_wa(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Volume {
-    Volume::open(cache, backing, Arc::new(MonotonicClock::new()), wa_options()).expect("open").0
-}
-
-/// The volume recovered from both devices' durable images (write-around still enabled).
-fn crash_and_recover_wa(cache: &SimDevice, backing: &SimDevice) -> Volume {
-    let c = Arc::new(SimDevice::from_image(cache.durable_image(), BS as u32).with_name("cache"));
-    let b = Arc::new(atomic_backing(backing.durable_image()));
-    open_wa(c, b)
-}
-
-/// The version a read of `block` returns (panics on an error or a torn or foreign block).
-fn ver(v: &Volume, block: u64) -> u64 {
-    match read_version(v, block) {
-        Ok(Some(x)) => x,
-        other => panic!("block {block}: read {other:?}"),
-    }
-}
 
 /// Runs `f` on its own thread and waits at most `secs` for it (a deadlock fails the test
 /// instead of hanging it).
@@ -221,31 +70,31 @@ fn a_rewrite_in_flight_when_a_write_around_ends_is_not_dropped_by_its_trim() {
     write(&v, 41, 1);
     v.flush().unwrap();
     // The write-around of 40..42 (version 2) is held at its backing write.
-    bdev.hold(|op, off, len| op == Op::Write && covers(off, len, 40));
+    let held_around = bdev.hold_write_of(40);
     let around = on_thread(&v, |v| v.write(40 * BS as u64, &stamps(40, 2, 2)));
-    bdev.wait_held();
+    bdev.wait_held(held_around);
     // Meanwhile block 40 is rewritten through the cache (one block: not around) and sealed
     // into a record whose write is held.
-    cdev.hold(|op, _, len| op == Op::Write && len >= 2 * BS);
+    let held_record = cdev.hold(|op, _, len| op == Op::Write && len >= 2 * BS);
     let rewriter = on_thread(&v, |v| {
         write(v, 40, 3);
         for b in 100..124 {
             write(v, b, 1);
         }
     });
-    cdev.wait_held();
+    cdev.wait_held(held_record);
     assert_eq!(ver(&v, 40), 3, "served from the record in flight");
     // The write-around ends while that record is still in flight...
-    bdev.release();
+    bdev.release(held_around);
     around.join().unwrap().unwrap();
     assert_eq!(v.status().counters.written_around_blocks, 2, "the write went around");
     // ...then the record is written and installed.
-    cdev.release();
+    cdev.release(held_record);
     rewriter.join().unwrap();
     let live = ver(&v, 40);
     v.flush().unwrap();
     assert_eq!(ver(&v, 40), live);
-    let r = crash_and_recover_wa(&cache, &backing);
+    let r = crash_and_recover(&cache, &backing);
     assert_eq!(ver(&r, 40), live, "after FLUSH and a power cut block 40 reads another version than before");
 }
 
@@ -266,11 +115,11 @@ fn a_record_durable_past_one_still_being_written_is_not_replayed() {
     volume.flush().unwrap();
     // Record k (blocks 0..126 at version 1) is held before the medium.
     gate.arm(Hold::WriteOf(100));
-    let writer = on_thread(&volume, |v| write_run(v, 0, FILL, 1));
+    let writer = on_thread(&volume, |v| write_n(v, 0, FILL, 1));
     gate.wait_until_held();
     // Record k + 1 (3000 at version 2, 1000..1126 at version 1) is written past it...
     write(&volume, 3000, 2);
-    write_run(&volume, 1000, FILL, 1).unwrap();
+    write_n(&volume, 1000, FILL, 1).unwrap();
     // ...and made durable by a write-back's cache flush (3000 version 1 is dirty in the index).
     assert!(volume.destage_step(1000).unwrap() >= 1);
     // A power cut now.
@@ -291,7 +140,7 @@ fn a_record_durable_past_one_still_being_written_is_not_replayed() {
     assert!(!(ver(&r, 1000) == 1 && ver(&r, 0) == 0), "record k + 1 replayed without record k ({report:?})");
     // The next run writes a record of exactly k's size at k's place, FLUSHes, and the power is
     // cut again: the stale k + 1 right after it must not come back.
-    write_run(&r, 2000, FILL - 1, 7).unwrap();
+    write_n(&r, 2000, FILL - 1, 7).unwrap();
     r.flush().unwrap();
     let r2 = recover_image(c2.durable_image(), &b2);
     assert_eq!(ver(&r2, 2000), 7);
@@ -313,11 +162,11 @@ fn a_failed_record_write_behind_a_written_one() {
     write(&volume, 3000, 1);
     volume.flush().unwrap();
     gate.arm(Hold::WriteOf(100));
-    let writer = on_thread(&volume, |v| write_run(v, 0, FILL, 1));
+    let writer = on_thread(&volume, |v| write_n(v, 0, FILL, 1));
     gate.wait_until_held();
     // Record k + 1 (block 5 at version 2, 1000..1126) is written past k.
     volume.write(5 * BS as u64, &stamp(5, 2)).unwrap();
-    write_run(&volume, 1000, FILL, 1).unwrap();
+    write_n(&volume, 1000, FILL, 1).unwrap();
     // A FLUSH waiting for record k.
     let flusher = on_thread(&volume, |v| v.flush());
     std::thread::sleep(Duration::from_millis(100));
@@ -339,7 +188,7 @@ fn a_failed_record_write_behind_a_written_one() {
     let v = Arc::clone(&volume);
     bounded("FLUSH, write, checkpoint, destage after the failure", 30, move || {
         assert!(v.flush().is_err(), "a later FLUSH succeeded");
-        assert!(write_run(&v, 2000, FILL, 1).is_err(), "a write that needs a record succeeded");
+        assert!(write_n(&v, 2000, FILL, 1).is_err(), "a write that needs a record succeeded");
         assert!(v.checkpoint().is_err());
         assert!(v.destage_step(100).is_err());
         assert!(v.background_tick().is_err());
@@ -357,12 +206,12 @@ fn a_failed_record_write_behind_a_written_one() {
 fn a_failed_record_write_ahead_of_an_older_one_still_in_progress() {
     let (gate, cache, _backing, volume) = gated();
     gate.arm(Hold::WriteOf(100));
-    let writer = on_thread(&volume, |v| write_run(v, 0, FILL, 1));
+    let writer = on_thread(&volume, |v| write_n(v, 0, FILL, 1));
     gate.wait_until_held();
     // Record k + 1: block 7 at version 2 (newer than k's version 1), and 1000..1126; it fails.
     cache.fail_after(Some(OpKind::Write), 0, FailMode::Once);
     volume.write(7 * BS as u64, &stamp(7, 2)).unwrap();
-    assert!(write_run(&volume, 1000, FILL, 1).is_err());
+    assert!(write_n(&volume, 1000, FILL, 1).is_err());
     gate.open_gate();
     let _ = writer.join().unwrap(); // (its last block finds the volume poisoned)
     assert_eq!(ver(&volume, 7), 2, "the newer data of the failed record is still served");
@@ -387,11 +236,11 @@ fn a_write_back_of_an_older_version_does_not_clean_the_newer_one_in_flight() {
     volume.flush().unwrap();
     gate.arm(Hold::WriteOf(100));
     // Record k: 2990..3116 at version 2 (3000 among them), held.
-    let writer = on_thread(&volume, |v| write_run(v, 2990, FILL, 2));
+    let writer = on_thread(&volume, |v| write_n(v, 2990, FILL, 2));
     gate.wait_until_held();
     assert_eq!(volume.destage_step(1000).unwrap(), 1, "version 1 of 3000 written back");
     // Record k + 1 carries the MarkClean of 3000's version 1, written past k.
-    write_run(&volume, 1000, FILL, 1).unwrap();
+    write_n(&volume, 1000, FILL, 1).unwrap();
     assert_eq!(ver(&volume, 3000), 2);
     gate.open_gate();
     writer.join().unwrap().unwrap();
@@ -418,14 +267,14 @@ fn a_loss_is_not_logged_after_newer_data_written_but_not_yet_installed() {
     // Record k (unrelated) is held; the loss is declared after it was sealed (so that k does
     // not carry the Lost entry).
     gate.arm(Hold::WriteOf(100));
-    let writer = on_thread(&volume, |v| write_run(v, 0, FILL, 1));
+    let writer = on_thread(&volume, |v| write_n(v, 0, FILL, 1));
     gate.wait_until_held();
     assert!(is_lost(&read_version(&volume, 3007), 3007));
     // Record k + 1 carries 3007 at version 2 and is written (not installed: k is older).
     volume.write(3007 * BS as u64, &stamp(3007, 2)).unwrap();
-    write_run(&volume, 1000, FILL, 1).unwrap();
+    write_n(&volume, 1000, FILL, 1).unwrap();
     // Record k + 2 is sealed and written: no Lost entry for 3007 may be in it.
-    write_run(&volume, 2000, FILL, 1).unwrap();
+    write_n(&volume, 2000, FILL, 1).unwrap();
     assert_eq!(ver(&volume, 3007), 2);
     gate.open_gate();
     writer.join().unwrap().unwrap();
