@@ -198,6 +198,18 @@ struct SizeResult {
     ssd_bytes_written_per_block_access: f64,
     backing_reads: u64,
     backing_writes: u64,
+    /// Missed blocks the cache admitted, and the ones it left out (long sequential streams,
+    /// reads over the admission limit).
+    admitted_blocks: u64,
+    bypassed_blocks: u64,
+    /// Clean blocks reclaim kept (copied forward, read again since cached), and evicted.
+    reinserted_blocks: u64,
+    evicted_blocks: u64,
+    /// Records written (each costs a header block of the log besides its data).
+    records_written: u64,
+    /// Blocks cached, on average over the replay's second half (sampled every 1,000
+    /// requests): what the log's headers, reserve and reclaim windows leave for data.
+    mean_cached_blocks: u64,
     microseconds_per_request: f64,
     /// libCacheSim's miss ratios for this trace and size (from `--anchors`), if listed.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -247,6 +259,7 @@ fn replay_one(requests: &[Request], extent: u64, size: &str, blocks: u64) -> Res
     let (reads0, writes0) = (backing.reads.load(Ordering::Relaxed), backing.writes.load(Ordering::Relaxed));
     let mut buf = tiercache_device::AlignedBuf::new(BS as usize);
     let mut write_blocks = 0u64;
+    let (mut cached_sum, mut samples) = (0u64, 0u64);
     let started = std::time::Instant::now();
     for (i, r) in requests.iter().enumerate() {
         let blocks = blocks_of(r);
@@ -266,6 +279,11 @@ fn replay_one(requests: &[Request], extent: u64, size: &str, blocks: u64) -> Res
         if i % 500 == 499 {
             volume.background_tick()?;
         }
+        if i % 1000 == 999 && i >= requests.len() / 2 {
+            let st = volume.status();
+            cached_sum += st.cached_blocks;
+            samples += 1;
+        }
     }
     let elapsed = started.elapsed();
     let c = volume.status().counters;
@@ -282,6 +300,12 @@ fn replay_one(requests: &[Request], extent: u64, size: &str, blocks: u64) -> Res
             / accesses as f64,
         backing_reads: backing.reads.load(Ordering::Relaxed) - reads0,
         backing_writes: backing.writes.load(Ordering::Relaxed) - writes0,
+        admitted_blocks: c.admitted_blocks,
+        bypassed_blocks: c.bypassed_blocks_sequential + c.bypassed_blocks_size,
+        reinserted_blocks: c.reinserted_blocks,
+        evicted_blocks: c.evicted_blocks,
+        records_written: c.records_written,
+        mean_cached_blocks: cached_sum / samples.max(1),
         microseconds_per_request: elapsed.as_secs_f64() * 1e6 / requests.len() as f64,
         anchors: None,
     })

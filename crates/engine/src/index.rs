@@ -6,7 +6,8 @@
 //! - `slots`: per log slot, the backing block it holds and the data's CRC (8 bytes). It is
 //!   also the reverse map that reclaim and the pre-cleaner scan, with no I/O.
 //! - `buckets`: an open-addressing hash table (linear probing, backward-shift deletion, at
-//!   most 85 % full) of 4-byte values `slot | DIRTY | REFERENCED`. The key is not stored: a
+//!   most 85 % full) of 4-byte values `slot | DIRTY | FREQ` (FREQ: a 2-bit count of reads
+//!   since the copy was cached or last kept by reclaim, the eviction policy's input). The key is not stored: a
 //!   bucket's key is `slots[slot].block`, one indirection away.
 //!
 //! Invariant: a bucket names slot `s` iff `slots[s].block` is that bucket's key, and every
@@ -29,11 +30,14 @@ const LOAD_NUM: u64 = 85;
 const LOAD_DEN: u64 = 100;
 
 const SLOT_MASK: u32 = (1 << 29) - 1;
+const FREQ_SHIFT: u32 = 29;
+const FREQ_MASK: u32 = 3 << FREQ_SHIFT;
 const DIRTY_BIT: u32 = 1 << 31;
-const REFERENCED_BIT: u32 = 1 << 30;
-// Bit 29 is never set in a bucket, so no value equals EMPTY.
-const _: () = assert!(SLOT_MASK | DIRTY_BIT | REFERENCED_BIT != EMPTY);
-const _: () = assert!(tiercache_format::constants::MAX_LOG_BLOCKS <= SLOT_MASK as u64 + 1);
+/// The most reads a copy's count remembers.
+pub const FREQ_MAX: u8 = 3;
+// No slot equals SLOT_MASK (the log is shorter), so no value equals EMPTY.
+const _: () = assert!(SLOT_MASK | DIRTY_BIT | FREQ_MASK == EMPTY);
+const _: () = assert!(tiercache_format::constants::MAX_LOG_BLOCKS <= SLOT_MASK as u64);
 
 /// Where a backing block's newest cached copy lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,8 +46,9 @@ pub struct IndexEntry {
     pub slot: u32,
     /// Newer than the backing device's copy.
     pub dirty: bool,
-    /// Read since it was cached (for eviction decisions).
-    pub referenced: bool,
+    /// Reads since it was cached or last kept by reclaim, up to `FREQ_MAX` (the eviction
+    /// policy: reclaim keeps a clean copy whose count is not zero, one less).
+    pub freq: u8,
     /// CRC-32C of the data, checked on every read from the cache device.
     pub crc: u32,
 }
@@ -118,7 +123,7 @@ impl Index {
         IndexEntry {
             slot,
             dirty: bucket & DIRTY_BIT != 0,
-            referenced: bucket & REFERENCED_BIT != 0,
+            freq: ((bucket & FREQ_MASK) >> FREQ_SHIFT) as u8,
             crc: self.slots[slot as usize].crc,
         }
     }
@@ -157,10 +162,13 @@ impl Index {
         (e.slot == slot).then_some((u64::from(block), e))
     }
 
-    /// Sets the referenced bit of a present entry.
+    /// Counts a read of a present entry (saturating at `FREQ_MAX`).
     pub fn touch(&mut self, block: u64) {
         if let Some(i) = self.find(Self::key(block)) {
-            self.buckets[i] |= REFERENCED_BIT;
+            let b = self.buckets[i];
+            if b & FREQ_MASK != FREQ_MASK {
+                self.buckets[i] = b + (1 << FREQ_SHIFT);
+            }
         }
     }
 
@@ -173,7 +181,8 @@ impl Index {
             "slot {} still holds a live block while {block} is put there",
             e.slot
         );
-        let value = e.slot | if e.dirty { DIRTY_BIT } else { 0 } | if e.referenced { REFERENCED_BIT } else { 0 };
+        assert!(e.slot < SLOT_MASK && e.freq <= FREQ_MAX, "index entry out of range: {e:?}");
+        let value = e.slot | if e.dirty { DIRTY_BIT } else { 0 } | u32::from(e.freq) << FREQ_SHIFT;
         match self.find(key) {
             Some(i) => {
                 let old = self.entry_of(self.buckets[i]);
@@ -281,7 +290,7 @@ mod tests {
                             continue;
                         }
                         let slot = free[rng.gen_range(0..free.len())];
-                        let v = IndexEntry { slot, dirty: rng.gen_bool(0.5), referenced: false, crc: rng.gen() };
+                        let v = IndexEntry { slot, dirty: rng.gen_bool(0.5), freq: 0, crc: rng.gen() };
                         assert_eq!(idx.insert(key, v), model.insert(key, v));
                     }
                     2 => assert_eq!(idx.remove(key), model.remove(&key)),
@@ -312,7 +321,7 @@ mod tests {
         let cap = 10_000;
         let mut idx = Index::with_capacity(cap);
         for k in 0..cap as u64 {
-            idx.insert(k * 7919, IndexEntry { slot: k as u32, dirty: false, referenced: false, crc: 1 });
+            idx.insert(k * 7919, IndexEntry { slot: k as u32, dirty: false, freq: 0, crc: 1 });
         }
         for k in (0..cap as u64).step_by(3) {
             idx.remove(k * 7919);
@@ -334,10 +343,15 @@ mod tests {
     #[test]
     fn flags_are_kept_apart_from_the_slot() {
         let mut idx = Index::with_capacity(SLOT_MASK as usize + 1 - (SLOT_MASK as usize + 1 - 8));
-        idx.insert(3, IndexEntry { slot: 7, dirty: true, referenced: false, crc: 9 });
+        idx.insert(3, IndexEntry { slot: 7, dirty: true, freq: 0, crc: 9 });
         idx.touch(3);
         let got = idx.get(3).unwrap();
-        assert_eq!((got.slot, got.dirty, got.referenced, got.crc), (7, true, true, 9));
+        assert_eq!((got.slot, got.dirty, got.freq, got.crc), (7, true, 1, 9));
+        for _ in 0..5 {
+            idx.touch(3);
+        }
+        assert_eq!(idx.get(3).unwrap().freq, FREQ_MAX, "the count saturates");
+        assert_eq!(idx.get(3).unwrap().slot, 7, "without spilling into the slot");
         assert!(idx.mark_clean(3, 7));
         assert!(!idx.get(3).unwrap().dirty);
     }

@@ -75,10 +75,7 @@ fn load_checkpoint(layout: &Layout, ck: &Checkpoint, end: &ChainEnd, index: &mut
         let position = layout.position_of_slot(e.slot, log_position);
         let overwritten = layout.position_of_slot(e.slot, end.tail) >= log_position;
         if position >= end.head && !overwritten {
-            index.insert(
-                e.backing_block,
-                IndexEntry { slot: e.slot, dirty: e.dirty, referenced: false, crc: e.data_crc },
-            );
+            index.insert(e.backing_block, IndexEntry { slot: e.slot, dirty: e.dirty, freq: 0, crc: e.data_crc });
         }
     }
 }
@@ -137,7 +134,7 @@ impl Replay<'_> {
             let entry = IndexEntry {
                 slot: self.layout.slot(position),
                 dirty: e.kind == EntryKind::DataDirty,
-                referenced: false,
+                freq: 0,
                 crc: e.data_crc,
             };
             self.index.insert(e.backing_block, entry);

@@ -206,6 +206,10 @@ pub struct Counters {
     pub reclaimed_blocks: u64,
     /// Live dirty blocks that reclaim moved to the tail instead of writing them back.
     pub copied_forward_blocks: u64,
+    /// Clean blocks read since they were cached that reclaim moved to the tail instead of
+    /// evicting them (the eviction policy's reinsertion).
+    #[serde(default)]
+    pub reinserted_blocks: u64,
     pub evicted_blocks: u64,
     pub checkpoints: u64,
     pub repaired_blocks: u64,
@@ -273,6 +277,9 @@ struct State {
     around: write_around::Around,
     /// Sequential read streams (`streams.rs`).
     streams: streams::Streams,
+    /// How often each block was read lately, cached or not (`sketch.rs`): the eviction
+    /// policy's memory of blocks it let go.
+    sketch: crate::sketch::FrequencySketch,
 }
 
 impl State {
@@ -492,6 +499,7 @@ impl Volume {
                 destaging: false,
                 around: write_around::Around::default(),
                 streams: streams::Streams::default(),
+                sketch: crate::sketch::FrequencySketch::new(layout.log_blocks as usize),
             }),
             dirty_low_blocks: layout.log_blocks * u64::from(watermarks.0) / 1000,
             dirty_high_blocks: layout.log_blocks * u64::from(watermarks.1) / 1000,

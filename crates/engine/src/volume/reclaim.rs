@@ -1,7 +1,20 @@
 //! Reclaim: making room at the head of the log for the record writer (docs/format.md §4.5).
-//! Clean blocks in the window are evicted at no I/O cost; live dirty blocks are copied
-//! forward to the tail (a few) or written back first (many); one reclaim record carries the
-//! copies and the new head, and is durable before any of the window is overwritten.
+//! Clean blocks in the window are evicted at no I/O cost, unless they were read since they
+//! were cached or last kept (the eviction policy: FIFO with reinsertion, below); live dirty
+//! blocks are copied forward to the tail (a few) or written back first (many); one reclaim
+//! record carries the copies and the new head, and is durable before any of the window is
+//! overwritten.
+//!
+//! The eviction policy. Each cached copy counts its reads, up to 3 (index.rs). At the head, a
+//! clean copy whose count is not zero is copied forward with the count one less (the
+//! reinsertion of S3-FIFO's main queue and CLOCK's second chance, generalised to 2 bits);
+//! one whose count is zero is evicted. A read miss of a block read before, lately (the
+//! frequency sketch remembers blocks the cache let go: a ghost queue in 2 bytes per block),
+//! enters with a count of one. So a block read once is evicted after one lap of the log, a
+//! block read again keeps its place for as many laps as its reads earned, and a scan (which
+//! never reads a block twice) cannot push out blocks read more often than it. The copies
+//! cost cache bandwidth only, in the reclaim record the head moves by anyway; at most half a
+//! segment per reclaim (the window ends early rather than evict a block its count keeps).
 
 use super::*;
 
@@ -26,12 +39,16 @@ impl Volume {
         assert!(target <= checkpoint, "checkpoint at {checkpoint} behind reclaim target {target}");
         // (No record write can run meanwhile: this thread holds the io lock. So the index
         // entries below keep naming the same positions until this function changes them.)
-        let (new_head, live) = self.reclaim_window(head, target, checkpoint);
+        let (mut new_head, mut live) = self.reclaim_window(head, target, checkpoint);
         let mut dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
         if dirty.len() > self.copy_forward_max() {
             self.write_back_for_reclaim(std::mem::take(&mut dirty), new_head)?;
+            // The window as the write-back left it (clean now, read counts kept).
+            let st = self.lock();
+            live = self.live_between(&st, head, new_head).collect();
         }
-        let copies = self.read_copies(io, dirty)?;
+        let kept = self.reinsertions(head, &mut new_head, &mut live, self.copy_forward_max() - dirty.len());
+        let mut copies = self.read_copies(io, dirty, kept)?;
         // Every loss not yet in a written record goes into the reclaim record (below), because
         // the head is about to pass blocks that recovery would otherwise replay as dirty (or,
         // once passed, forget, serving the stale backing copy). If they do not all fit, a
@@ -46,7 +63,7 @@ impl Volume {
             // record is sealed (write_around.rs).
             let _around = self.lock_around();
             self.settle_write_around()?;
-            self.seal_reclaim_record(io, &live, &copies, head, new_head)
+            self.seal_reclaim_record(io, &live, &mut copies, head, new_head)
         };
         let result = self.write_log(pos, &io.copy[..blocks as usize * self.bs]);
         self.cache_io("writing a reclaim record", result)?;
@@ -78,7 +95,10 @@ impl Volume {
         let mut target = target;
         let seg = u64::from(self.layout.segment_blocks);
         let limit = (head + self.layout.log_blocks / 8).min(st.tail).min(checkpoint);
-        while target + seg <= limit && picked(target, target + seg).iter().all(|p| !p.entry.dirty) {
+        // (Only segments whose blocks are all clean and unread since cached: evicting those
+        // costs the policy nothing.)
+        while target + seg <= limit && picked(target, target + seg).iter().all(|p| !p.entry.dirty && p.entry.freq == 0)
+        {
             target += seg;
         }
         (target, picked(head, target))
@@ -102,12 +122,42 @@ impl Volume {
         Ok(())
     }
 
-    /// Reads the live dirty blocks to copy forward into the reclaim record's buffer (cache
-    /// bandwidth only; the backing device is not touched) and verifies each: returns the
-    /// ones that verified, packed to the front of the record in order. A copy that fails its
-    /// checksum is lost, or repaired if the backing device holds that version.
-    fn read_copies(&self, io: &mut IoBuffers, dirty: Vec<Picked>) -> Result<Vec<Picked>> {
+    /// The clean blocks of the window that the eviction policy keeps (read since cached or
+    /// last kept), in log order, at most `room`. When the window holds more, it ends at the
+    /// first one that does not fit, if what it frees still exceeds the record's size (a
+    /// block whose count keeps it is not evicted for want of room in this record: the next
+    /// reclaim copies it); otherwise the least-read are evicted.
+    fn reinsertions(&self, head: u64, new_head: &mut u64, live: &mut Vec<Picked>, room: usize) -> Vec<Picked> {
+        let mut kept: Vec<Picked> = live.iter().filter(|p| !p.entry.dirty && p.entry.freq > 0).copied().collect();
+        if kept.len() <= room {
+            return kept;
+        }
+        let cut = kept[room].position;
+        let dirty_before_cut = live.iter().all(|p| !p.entry.dirty || p.position < cut);
+        // (The shorter window frees its length less the record, header and copies: at least
+        // a quarter of the copies, so the reserve stays free and the writer waiting for room
+        // gets it in a few reclaims.)
+        if dirty_before_cut && cut - head >= room as u64 + 1 + (room as u64 / 4).max(1) {
+            *new_head = cut;
+            live.retain(|p| p.position < cut);
+            kept.truncate(room);
+            return kept;
+        }
+        kept.sort_by_key(|p| (std::cmp::Reverse(p.entry.freq), p.position));
+        kept.truncate(room);
+        kept.sort_by_key(|p| p.position);
+        kept
+    }
+
+    /// Reads the live dirty blocks to copy forward, then the clean ones to reinsert, into the
+    /// reclaim record's buffer (cache bandwidth only; the backing device is not touched) and
+    /// verifies each: returns the ones that verified, packed to the front of the record in
+    /// order. A dirty copy that fails its checksum is lost, or repaired if the backing device
+    /// holds that version; a clean one is evicted.
+    fn read_copies(&self, io: &mut IoBuffers, dirty: Vec<Picked>, clean: Vec<Picked>) -> Result<Vec<Picked>> {
         let bs = self.bs;
+        let mut dirty = dirty;
+        dirty.extend(clean);
         let mut copies: Vec<Picked> = Vec::with_capacity(dirty.len());
         let slots: Vec<u32> = dirty.iter().map(|p| p.entry.slot).collect();
         let read = self.read_slots(&slots, &mut io.copy[bs..(1 + dirty.len()) * bs]);
@@ -121,6 +171,9 @@ impl Volume {
             if checksum(out) == p.entry.crc {
                 copies.push(p);
                 continue;
+            }
+            if !p.entry.dirty {
+                continue; // (the backing device holds it; seal evicts it with the window)
             }
             // (io -> destage is the lock order; a write-back batch never waits for the io lock.)
             let _destage = self.lock_destage();
@@ -143,12 +196,13 @@ impl Volume {
         &self,
         io: &mut IoBuffers,
         live: &[Picked],
-        copies: &[Picked],
+        copies: &mut Vec<Picked>,
         head: u64,
         new_head: u64,
     ) -> (u64, u64) {
-        let copied: HashSet<u64> = copies.iter().map(|p| p.block).collect();
         let mut st = self.lock();
+        self.drop_stale_reinsertions(&st, io, copies);
+        let copied: HashSet<u64> = copies.iter().map(|p| p.block).collect();
         for p in live {
             if copied.contains(&p.block) {
                 continue;
@@ -161,7 +215,9 @@ impl Volume {
             }
         }
         st.counters.reclaimed_blocks += new_head - head;
-        st.counters.copied_forward_blocks += copies.len() as u64;
+        let reinserted = copies.iter().filter(|p| !p.entry.dirty).count() as u64;
+        st.counters.copied_forward_blocks += copies.len() as u64 - reinserted;
+        st.counters.reinserted_blocks += reinserted;
         let mut entries = Vec::with_capacity(RECORD_ENTRIES);
         if !sabotaged!(self, LostInRamOnly) {
             entries.extend(Self::reclaim_loss_entries(&mut st, RECORD_ENTRIES - copies.len(), new_head));
@@ -173,7 +229,7 @@ impl Volume {
             }
         }
         entries.extend(copies.iter().map(|p| RecordEntry {
-            kind: EntryKind::DataDirty,
+            kind: if p.entry.dirty { EntryKind::DataDirty } else { EntryKind::DataClean },
             backing_block: p.block,
             data_crc: p.entry.crc,
             ref_position: 0,
@@ -185,6 +241,29 @@ impl Volume {
         let crc = header.encode(self.uuid_low, &mut io.copy[..self.bs]);
         Self::advance_tail(&mut st, blocks, crc);
         (pos, blocks)
+    }
+
+    /// Drops the clean copies whose block left the index, or moved, since reclaim read them
+    /// (a TRIM; a rewrite, whose newer copy is in a later record anyway): replayed, such a
+    /// copy would bring back data the volume no longer holds. (A dirty copy stays: it is the
+    /// newest version until a later record says otherwise.) Packs the rest to the front of
+    /// the record, in order.
+    fn drop_stale_reinsertions(&self, st: &State, io: &mut IoBuffers, copies: &mut Vec<Picked>) {
+        let bs = self.bs;
+        let mut k = 0;
+        for i in 0..copies.len() {
+            let p = copies[i];
+            let current = st.index.get(p.block);
+            if !p.entry.dirty && current.is_none_or(|c| c.slot != p.entry.slot || c.dirty) {
+                continue;
+            }
+            if k != i {
+                io.copy.copy_within((1 + i) * bs..(2 + i) * bs, (1 + k) * bs);
+                copies[k] = p;
+            }
+            k += 1;
+        }
+        copies.truncate(k);
     }
 
     /// The Lost entries the reclaim record carries (at most `room`), marked logged. Losses
@@ -218,10 +297,9 @@ impl Volume {
             if let Some(current) = st.index.get(p.block) {
                 if current.slot == p.entry.slot {
                     let slot = self.layout.slot(pos + 1 + k as u64);
-                    st.index.insert(
-                        p.block,
-                        IndexEntry { slot, dirty: current.dirty, referenced: current.referenced, crc: p.entry.crc },
-                    );
+                    // (A reinserted copy spent one read of its count on this lap.)
+                    let freq = if p.entry.dirty { current.freq } else { current.freq.saturating_sub(1) };
+                    st.index.insert(p.block, IndexEntry { slot, dirty: current.dirty, freq, crc: p.entry.crc });
                 }
             }
         }
