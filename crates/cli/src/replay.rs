@@ -205,10 +205,11 @@ struct SizeResult {
     /// Clean blocks reclaim kept (copied forward, read again since cached), and evicted.
     reinserted_blocks: u64,
     evicted_blocks: u64,
-    /// Records written (each costs a header block of the log besides its data).
+    /// Ordinary records written (each costs a header block of the log besides its data;
+    /// reclaim's records, one per reclaim, are not counted here).
     records_written: u64,
-    /// Blocks cached, on average over the replay's second half (sampled every 1,000
-    /// requests): what the log's headers, reserve and reclaim windows leave for data.
+    /// Blocks cached, on average over the replay's second half (about 500 samples): what the
+    /// log's headers, reserve and reclaim windows leave for data.
     mean_cached_blocks: u64,
     microseconds_per_request: f64,
     /// libCacheSim's miss ratios for this trace and size (from `--anchors`), if listed.
@@ -231,17 +232,23 @@ struct ReplayReport {
     sizes: Vec<SizeResult>,
 }
 
-/// The segment size for a log of about `blocks` blocks: a 64th of it (4 to 256 blocks).
+/// The segment size for a log of about `blocks` blocks: the largest power of two at most a
+/// 64th of it, 4 to 256 blocks (so rounding the log down to a segment loses under 2 %).
 fn segment_blocks_for(blocks: u64) -> u32 {
-    (blocks / 64).clamp(4, 256).next_power_of_two().min(256) as u32
+    let s = (blocks / 64).clamp(4, 256);
+    1 << (63 - s.leading_zeros())
 }
 
 /// A cache of about `blocks` log blocks, in segments of `segment_blocks_for(blocks)`.
 fn cache_device(blocks: u64) -> Result<Arc<MemDevice>> {
     let seg = segment_blocks_for(blocks);
     let log = blocks.max(8 * u64::from(seg)) / u64::from(seg) * u64::from(seg);
-    // The superblock copies, two checkpoint areas and the log (Layout::compute rounds down).
-    let total = 8 + 2 * Layout::checkpoint_blocks_for(log, BS as u32) + log;
+    // The superblock copies, two checkpoint areas and the log: grown until the layout gives
+    // the log all of `log` (Layout::compute's estimate of the metadata may take a segment).
+    let mut total = 8 + 2 * Layout::checkpoint_blocks_for(log, BS as u32) + log;
+    while Layout::compute(total * BS, BS as u32, seg).map_or(0, |l| l.log_blocks) < log {
+        total += u64::from(seg);
+    }
     Ok(Arc::new(MemDevice { data: Mutex::new(vec![0u8; (total * BS) as usize]), bytes_written: AtomicU64::new(0) }))
 }
 
@@ -260,6 +267,7 @@ fn replay_one(requests: &[Request], extent: u64, size: &str, blocks: u64) -> Res
     let mut buf = tiercache_device::AlignedBuf::new(BS as usize);
     let mut write_blocks = 0u64;
     let (mut cached_sum, mut samples) = (0u64, 0u64);
+    let sample_every = (requests.len() / 1000).max(1);
     let started = std::time::Instant::now();
     for (i, r) in requests.iter().enumerate() {
         let blocks = blocks_of(r);
@@ -279,7 +287,7 @@ fn replay_one(requests: &[Request], extent: u64, size: &str, blocks: u64) -> Res
         if i % 500 == 499 {
             volume.background_tick()?;
         }
-        if i % 1000 == 999 && i >= requests.len() / 2 {
+        if i % sample_every == sample_every - 1 && i >= requests.len() / 2 {
             let st = volume.status();
             cached_sum += st.cached_blocks;
             samples += 1;

@@ -341,10 +341,10 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         (
             "index RAM",
             format!(
-                "{} ({:.1} bytes per cached block), and {} of read counts for the eviction policy",
+                "{} ({:.1} bytes per cached block), and {} for the eviction policy's ghost queue",
                 HumanBytes(s.index_ram_bytes),
                 s.index_ram_bytes_per_cached_block,
-                HumanBytes(s.sketch_ram_bytes)
+                HumanBytes(s.ghost_ram_bytes)
             ),
         ),
         ("log used", format!("{:.1} %", s.log_used_permille as f64 / 10.0)),

@@ -35,9 +35,20 @@ const FREQ_MASK: u32 = 3 << FREQ_SHIFT;
 const DIRTY_BIT: u32 = 1 << 31;
 /// The most reads a copy's count remembers.
 pub const FREQ_MAX: u8 = 3;
-// No slot equals SLOT_MASK (the log is shorter), so no value equals EMPTY.
+// The one value that would equal EMPTY, the last slot of a 2^29-block log dirty with a count
+// of 3, never occurs: that slot's count stops at 2 (`freq_max`). (A smaller `MAX_LOG_BLOCKS`
+// would have refused caches already formatted at the largest size.)
 const _: () = assert!(SLOT_MASK | DIRTY_BIT | FREQ_MASK == EMPTY);
-const _: () = assert!(tiercache_format::constants::MAX_LOG_BLOCKS <= SLOT_MASK as u64);
+const _: () = assert!(tiercache_format::constants::MAX_LOG_BLOCKS <= SLOT_MASK as u64 + 1);
+
+/// The highest count an entry in `slot` keeps.
+fn freq_max(slot: u32) -> u8 {
+    if slot == SLOT_MASK {
+        FREQ_MAX - 1
+    } else {
+        FREQ_MAX
+    }
+}
 
 /// Where a backing block's newest cached copy lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,7 +177,7 @@ impl Index {
     pub fn touch(&mut self, block: u64) {
         if let Some(i) = self.find(Self::key(block)) {
             let b = self.buckets[i];
-            if b & FREQ_MASK != FREQ_MASK {
+            if (((b & FREQ_MASK) >> FREQ_SHIFT) as u8) < freq_max(b & SLOT_MASK) {
                 self.buckets[i] = b + (1 << FREQ_SHIFT);
             }
         }
@@ -181,8 +192,9 @@ impl Index {
             "slot {} still holds a live block while {block} is put there",
             e.slot
         );
-        assert!(e.slot < SLOT_MASK && e.freq <= FREQ_MAX, "index entry out of range: {e:?}");
-        let value = e.slot | if e.dirty { DIRTY_BIT } else { 0 } | u32::from(e.freq) << FREQ_SHIFT;
+        assert!(e.freq <= FREQ_MAX, "read count out of range: {e:?}");
+        let freq = e.freq.min(freq_max(e.slot));
+        let value = e.slot | if e.dirty { DIRTY_BIT } else { 0 } | u32::from(freq) << FREQ_SHIFT;
         match self.find(key) {
             Some(i) => {
                 let old = self.entry_of(self.buckets[i]);
@@ -354,5 +366,15 @@ mod tests {
         assert_eq!(idx.get(3).unwrap().slot, 7, "without spilling into the slot");
         assert!(idx.mark_clean(3, 7));
         assert!(!idx.get(3).unwrap().dirty);
+    }
+
+    #[test]
+    fn the_last_slot_of_the_largest_log_never_looks_empty() {
+        // (The real index for 2^29 slots takes 6 GiB; the bucket encoding is what matters.)
+        let slot = SLOT_MASK;
+        let value = |freq: u8| slot | DIRTY_BIT | u32::from(freq.min(freq_max(slot))) << FREQ_SHIFT;
+        assert_ne!(value(FREQ_MAX), EMPTY);
+        assert_eq!(freq_max(slot), 2);
+        assert_eq!(freq_max(slot - 1), FREQ_MAX);
     }
 }

@@ -21,10 +21,10 @@
 mod check;
 pub mod constants;
 mod error;
+mod ghost;
 mod index;
 mod open;
 mod sabotage;
-mod sketch;
 mod volume;
 
 pub use check::CheckReport;
@@ -73,9 +73,9 @@ pub struct Status {
     pub index_ram_bytes: u64,
     /// Index RAM divided by the blocks the cache can hold.
     pub index_ram_bytes_per_cached_block: f64,
-    /// RAM of the eviction policy's read-frequency sketch (about 2 bytes per cache block).
+    /// RAM of the eviction policy's ghost queue (about 2 bytes per cache block).
     #[serde(default)]
-    pub sketch_ram_bytes: u64,
+    pub ghost_ram_bytes: u64,
     pub log_head: u64,
     pub log_tail: u64,
     pub log_used_permille: u64,

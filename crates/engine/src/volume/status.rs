@@ -40,7 +40,7 @@ impl Volume {
             read_hit_ratio: if lookups == 0 { None } else { Some(c.read_hit_blocks as f64 / lookups as f64) },
             index_ram_bytes: st.index.memory_bytes() as u64,
             index_ram_bytes_per_cached_block: st.index.bytes_per_cached_block(),
-            sketch_ram_bytes: st.sketch.memory_bytes() as u64,
+            ghost_ram_bytes: st.ghosts.memory_bytes() as u64,
             log_head: st.head,
             log_tail: st.tail,
             log_used_permille: (st.tail - st.head) * 1000 / self.layout.log_blocks,
