@@ -220,9 +220,7 @@ impl Volume {
         new_head: u64,
     ) -> (u64, u64) {
         let mut st = self.lock();
-        if std::env::var("TC_BREAK").is_err() {
-            self.drop_stale_reinsertions(&st, io, copies);
-        }
+        self.drop_stale_reinsertions(&st, io, copies);
         let copied: HashSet<u64> = copies.iter().map(|p| p.block).collect();
         for p in live {
             if copied.contains(&p.block) {
