@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 21] = [
+        let counters: [(&str, &str, u64); 22] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -157,6 +157,11 @@ impl Collector for VolumeCollector {
             ("evicted_blocks", "Clean blocks evicted by reclaim", c.evicted_blocks),
             ("written_back_blocks", "Dirty blocks written back to the backing device", c.destaged_blocks),
             ("copied_forward_blocks", "Dirty blocks reclaim moved to the log tail instead", c.copied_forward_blocks),
+            (
+                "reinserted_blocks",
+                "Clean blocks read since cached that reclaim kept (moved to the log tail)",
+                c.reinserted_blocks,
+            ),
             (
                 "written_around_blocks",
                 "Blocks written straight to the backing device (write-around while destage-bound)",
