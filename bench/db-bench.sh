@@ -4,15 +4,19 @@
 #   fast    the raw cache file alone                   tiercache serve --passthrough FILE
 #   slow    the emulated slow backing device alone     tiercache serve --passthrough emulated:PROFILE:FILE
 #   hybrid  the hybrid volume: cache = a file like fast, backing = the emulated slow device
+#   hybrid-fifo  the same, with the read cache's previous eviction policy (serve --eviction
+#           fifo), to measure the policy against (--targets hybrid,hybrid-fifo)
 #
 # Every volume reaches the database the same way: a FUSE file, `losetup --direct-io=on`,
 # ext4, mount; so the only difference between the rows is what is behind the FUSE file.
 # MariaDB runs sysbench oltp_read_write; PostgreSQL runs pgbench (TPC-B-like). Both commit
-# durably (fsync per transaction). Prints a table and writes JSON next to it.
+# durably (fsync per transaction). Prints a table and writes JSON next to it; for the hybrid
+# targets also the cache's read hit ratio during the run (blocks, from `tiercache status`).
 #
 # Usage: bench/db-bench.sh [--db mariadb|postgres|both] [--seconds 60] [--threads 8]
 #          [--tables 4] [--table-size 50000] [--pg-scale 10] [--slow emulated-profile]
-#          [--volume-size 4G] [--cache-size 1G] [--workdir DIR] [--targets fast,slow,hybrid]
+#          [--volume-size 4G] [--cache-size 1G] [--buffer-pool 64M] [--workdir DIR]
+#          [--targets fast,slow,hybrid[,hybrid-fifo]]
 # Needs root (loop devices, mounts). Installs mariadb-server, sysbench, postgresql, fuse3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +30,7 @@ PG_SCALE=10
 SLOW=hdd
 VOLUME_SIZE=4G
 CACHE_SIZE=1G
+BUFFER_POOL=64M
 WORKDIR=/var/tmp/tiercache-dbbench
 TARGETS=fast,slow,hybrid
 while [ $# -gt 0 ]; do
@@ -39,9 +44,10 @@ while [ $# -gt 0 ]; do
         --slow) SLOW=$2; shift 2 ;;
         --volume-size) VOLUME_SIZE=$2; shift 2 ;;
         --cache-size) CACHE_SIZE=$2; shift 2 ;;
+        --buffer-pool) BUFFER_POOL=$2; shift 2 ;;
         --workdir) WORKDIR=$2; shift 2 ;;
         --targets) TARGETS=$2; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "db-bench: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -91,10 +97,13 @@ setup() {
         slow)
             truncate -s "$VOLUME_SIZE" "$d/dev.img"
             "$TC" serve --passthrough "emulated:$SLOW:$d/dev.img" --fuse "$d/fuse" 2>"$d/serve.log" & ;;
-        hybrid)
+        hybrid|hybrid-fifo)
+            local eviction=reinsert
+            [ "$t" = hybrid-fifo ] && eviction=fifo
             truncate -s "$VOLUME_SIZE" "$d/backing.img"
             "$TC" create --cache "$d/cache.img" --cache-size "$CACHE_SIZE" --backing "emulated:$SLOW:$d/backing.img" >/dev/null
-            "$TC" serve --cache "$d/cache.img" --backing "emulated:$SLOW:$d/backing.img" --fuse "$d/fuse" 2>"$d/serve.log" & ;;
+            "$TC" serve --cache "$d/cache.img" --backing "emulated:$SLOW:$d/backing.img" --fuse "$d/fuse" \
+                --eviction "$eviction" 2>"$d/serve.log" & ;;
         *) echo "db-bench: unknown target $t" >&2; exit 2 ;;
     esac
     SERVER_PID=$!
@@ -105,9 +114,22 @@ setup() {
     mount "$LOOP" "$d/mnt"
 }
 
-record() { # target db tps lat_avg_ms lat_p99_ms
-    printf '  {"target":"%s","db":"%s","tps":%s,"latency_ms_avg":%s,"latency_ms_p99":%s},\n' "$@" >> "$RESULTS.tmp"
-    printf '%-8s %-9s %10s tps   avg %8s ms   p99 %8s ms\n' "$1" "$2" "$3" "$4" "$5"
+# The hybrid volume's read counters now ("hits misses"; nothing for the other targets).
+read_counters() {
+    [ -e "$WORKDIR/cur/cache.img" ] || return 0
+    "$TC" status --cache "$WORKDIR/cur/cache.img" --json |
+        python3 -c 'import json,sys; d=json.load(sys.stdin); c=d.get("counters") or d["volume"]["counters"]; print(c["read_hit_blocks"], c["read_miss_blocks"])'
+}
+
+# The read hit ratio between two read_counters outputs ("null" without them).
+hit_ratio() {
+    [ -n "$1" ] || { echo null; return; }
+    python3 -c 'import sys; h0,m0,h1,m1=map(int,sys.argv[1:]); n=h1-h0+m1-m0; print("%.3f" % ((h1-h0)/n) if n else "null")' $1 $2
+}
+
+record() { # target db tps lat_avg_ms lat_p99_ms read_hit_ratio
+    printf '  {"target":"%s","db":"%s","tps":%s,"latency_ms_avg":%s,"latency_ms_p99":%s,"read_hit_ratio":%s},\n' "$@" >> "$RESULTS.tmp"
+    printf '%-12s %-9s %10s tps   avg %8s ms   p99 %8s ms   read hits %s\n' "$1" "$2" "$3" "$4" "$5" "$6"
 }
 
 run_mariadb() {
@@ -115,7 +137,7 @@ run_mariadb() {
     mkdir -p "$d/mnt/mysql"
     mariadb-install-db --user=root --datadir="$d/mnt/mysql" --auth-root-authentication-method=normal >/dev/null 2>&1
     mariadbd --user=root --datadir="$d/mnt/mysql" --socket="$sock" --port=3307 --bind-address=127.0.0.1 \
-        --pid-file="$d/mysql.pid" --skip-log-bin --innodb-buffer-pool-size=64M --innodb-log-file-size=64M \
+        --pid-file="$d/mysql.pid" --skip-log-bin --innodb-buffer-pool-size="$BUFFER_POOL" --innodb-log-file-size=64M \
         --innodb-flush-log-at-trx-commit=1 --innodb-flush-method=O_DIRECT --log-error="$d/mysql.err" &
     local pid=$!
     for _ in $(seq 1 300); do mariadb-admin -S "$sock" -uroot ping >/dev/null 2>&1 && break; sleep 0.2; done
@@ -123,13 +145,16 @@ run_mariadb() {
     local sb=(sysbench oltp_read_write --db-driver=mysql --mysql-socket="$sock" --mysql-user=root
               --tables="$TABLES" --table-size="$TABLE_SIZE" --threads="$THREADS")
     "${sb[@]}" prepare >/dev/null
+    local before after
+    before=$(read_counters)
     "${sb[@]}" --time="$RUN_SECONDS" --percentile=99 --report-interval=0 run > "$d/sysbench.out"
+    after=$(read_counters)
     mariadb-admin -S "$sock" -uroot shutdown; wait "$pid" || true
     local tps avg p99
     tps=$(awk '/transactions:/ {gsub(/\(/,"",$3); print $3}' "$d/sysbench.out")
     avg=$(awk '/avg:/ {print $2; exit}' "$d/sysbench.out")
     p99=$(awk '/99th percentile:/ {print $3}' "$d/sysbench.out")
-    record "$t" mariadb "$tps" "$avg" "$p99"
+    record "$t" mariadb "$tps" "$avg" "$p99" "$(hit_ratio "$before" "$after")"
 }
 
 run_postgres() {
@@ -140,18 +165,21 @@ run_postgres() {
         -o "-p 5433 -k $sockdir -c listen_addresses=127.0.0.1 -c shared_buffers=32MB -c fsync=on -c synchronous_commit=on" start >/dev/null
     runuser -u postgres -- "$PGBIN/createdb" -h "$sockdir" -p 5433 bench
     runuser -u postgres -- "$PGBIN/pgbench" -h "$sockdir" -p 5433 -i -q -s "$PG_SCALE" bench >/dev/null 2>&1
+    local before after
+    before=$(read_counters)
     runuser -u postgres -- "$PGBIN/pgbench" -h "$sockdir" -p 5433 -c "$THREADS" -j 2 -T "$RUN_SECONDS" \
         --log --log-prefix="$sockdir/lat" bench > "$d/pgbench.out" 2>&1
+    after=$(read_counters)
     runuser -u postgres -- "$PGBIN/pg_ctl" -D "$d/mnt/pg" -w stop >/dev/null
     local tps avg p99
     tps=$(awk '/^tps =/ {print $3; exit}' "$d/pgbench.out")
     avg=$(awk '/latency average/ {print $4}' "$d/pgbench.out")
     # Per-transaction log: 3rd column is the latency in microseconds.
     p99=$(cat "$sockdir"/lat.* | awk '{print $3}' | sort -n | awk '{a[NR]=$1} END {i=int(NR*0.99); if (i<1) i=1; printf "%.3f", a[i]/1000}')
-    record "$t" postgres "$tps" "$avg" "$p99"
+    record "$t" postgres "$tps" "$avg" "$p99" "$(hit_ratio "$before" "$after")"
 }
 
-echo "db-bench: $DB on fast / slow ($SLOW) / hybrid volumes, ${RUN_SECONDS}s runs, $THREADS threads"
+echo "db-bench: $DB on ${TARGETS//,/ / } volumes (slow: $SLOW), ${RUN_SECONDS}s runs, $THREADS threads"
 for t in ${TARGETS//,/ }; do
     for db in $( [ "$DB" = both ] && echo mariadb postgres || echo "$DB" ); do
         setup "$t"

@@ -11,6 +11,9 @@
 //! - `trace-start`, then a second line with the trace file's absolute path: start recording
 //!   the volume's requests there (`serve --record-trace`); one `TraceReply` or `ErrorReply`.
 //! - `trace-stop`: stop recording and finish the file; one `TraceReply` or `ErrorReply`.
+//! - `preload`, then a second line with a `PreloadRequest` (JSON, at most 4 MiB): read those
+//!   byte ranges into the cache as hot data; a `PreloadReply::Progress` line per chunk, then
+//!   `PreloadReply::Finished` or `PreloadReply::Failed`.
 //! - anything else: one `ErrorReply` line naming the requests there are.
 
 use crate::devices::DeviceSpec;
@@ -36,6 +39,8 @@ pub enum Request {
     /// Stop recording the trace (`TraceReply`).
     #[serde(rename = "trace-stop")]
     TraceStop,
+    /// Read the byte ranges on the next line into the cache as hot data (`PreloadReply`).
+    Preload,
 }
 
 impl Request {
@@ -54,6 +59,7 @@ impl Request {
             Request::Flush => "flush",
             Request::TraceStart => "trace-start",
             Request::TraceStop => "trace-stop",
+            Request::Preload => "preload",
         }
     }
 }
@@ -210,6 +216,46 @@ pub fn request_trace(socket: &Path, file: Option<&Path>) -> Result<TraceReply> {
     }
     let e: ErrorReply = serde_json::from_str(&line).context("decoding the server's reply")?;
     bail!("{}", e.error)
+}
+
+/// The second line of a `preload` request: byte ranges of the volume, `[offset, length]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreloadRequest {
+    pub ranges: Vec<(u64, u64)>,
+}
+
+/// One line of the reply to `preload`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PreloadReply {
+    /// After each chunk: `{"done_bytes":N,"total_bytes":M}`.
+    Progress { done_bytes: u64, total_bytes: u64 },
+    /// The end: what was loaded, how long it took.
+    Finished { ok: bool, report: tiercache_engine::PreloadReport, bytes: u64, seconds: f64 },
+    /// The end, failed (what was loaded before the failure stays cached).
+    Failed(ErrorReply),
+}
+
+/// The longest `preload` request line the server reads (a fragmented file's extents).
+pub const PRELOAD_REQUEST_MAX_BYTES: u64 = 4 << 20;
+
+/// Asks a running server to preload `ranges`, calling `progress(done, total)` per chunk.
+pub fn request_preload(
+    socket: &Path,
+    ranges: &[(u64, u64)],
+    mut progress: impl FnMut(u64, u64),
+) -> Result<(tiercache_engine::PreloadReport, u64, f64)> {
+    let mut conn = UnixStream::connect(socket).with_context(|| format!("connecting to {}", socket.display()))?;
+    let request = serde_json::to_string(&PreloadRequest { ranges: ranges.to_vec() })?;
+    write!(conn, "{}\n{request}\n", Request::Preload.word())?;
+    for line in BufReader::new(&conn).lines() {
+        match serde_json::from_str(&line?).context("decoding the server's reply")? {
+            PreloadReply::Progress { done_bytes, total_bytes } => progress(done_bytes, total_bytes),
+            PreloadReply::Finished { report, bytes, seconds, .. } => return Ok((report, bytes, seconds)),
+            PreloadReply::Failed(e) => bail!("the server's preload failed: {}", e.error),
+        }
+    }
+    bail!("the server closed the control connection before the preload ended (did it stop?)")
 }
 
 /// Asks a running server for the volume's status (`None` if no server answers).

@@ -23,6 +23,7 @@ mod control;
 mod debug_load;
 mod devices;
 mod metrics;
+mod preload;
 mod replay;
 mod report;
 mod safety;
@@ -79,6 +80,8 @@ enum Command {
     /// Run the crash simulator: random I/O, crashes with torn writes, recovery, checks.
     #[cfg(feature = "simulator")]
     Torture(torture_cmd::TortureArgs),
+    /// Warm a served volume's cache with files on it (FIEMAP) or byte ranges, kept as hot.
+    Preload(preload::PreloadArgs),
     /// Start or stop recording a trace of a served volume's requests (for `replay`).
     Trace(volume_cmds::TraceArgs),
     /// Replay a block trace through the engine at several cache sizes: miss ratio, SSD writes.
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
         Command::Bench(cmd) => bench::run(cmd),
         Command::Replay(a) => replay::replay_cmd(a),
         Command::Trace(a) => volume_cmds::trace_cmd(a),
+        Command::Preload(a) => preload::preload_cmd(a),
         #[cfg(feature = "simulator")]
         Command::DebugLoad(a) => debug_load::run(a),
     };

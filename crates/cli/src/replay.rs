@@ -55,6 +55,14 @@ pub struct ReplayArgs {
     /// best policy where `--anchors` lists them) into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
+    /// The eviction policy to replay with: reinsert (the default) or fifo (the policy
+    /// before, to measure against).
+    #[arg(long, default_value = "reinsert")]
+    eviction: tiercache_engine::Eviction,
+    /// Admit sequential read streams past this size too (0: admit every stream; the default
+    /// is the server's, 2M).
+    #[arg(long, value_name = "SIZE", value_parser = crate::devices::parse_size)]
+    sequential_bypass: Option<u64>,
 }
 
 /// One request of a trace.
@@ -229,6 +237,8 @@ struct ReplayReport {
     trace: String,
     requests: usize,
     footprint_blocks: u64,
+    eviction: tiercache_engine::Eviction,
+    sequential_bypass_bytes: u64,
     sizes: Vec<SizeResult>,
 }
 
@@ -252,15 +262,21 @@ fn cache_device(blocks: u64) -> Result<Arc<MemDevice>> {
     Ok(Arc::new(MemDevice { data: Mutex::new(vec![0u8; (total * BS) as usize]), bytes_written: AtomicU64::new(0) }))
 }
 
-fn replay_one(requests: &[Request], extent: u64, size: &str, blocks: u64) -> Result<SizeResult> {
+fn replay_one(
+    requests: &[Request],
+    extent: u64,
+    size: &str,
+    blocks: u64,
+    options: VolumeOptions,
+) -> Result<SizeResult> {
     let cache = cache_device(blocks)?;
     let backing = Arc::new(NullDevice { size: extent, reads: AtomicU64::new(0), writes: AtomicU64::new(0) });
-    let options = CreateOptions { segment_blocks: segment_blocks_for(blocks), ..CreateOptions::default() };
-    create(&*cache, &*backing, &options).with_context(|| format!("formatting a {blocks}-block cache"))?;
+    let format = CreateOptions { segment_blocks: segment_blocks_for(blocks), ..CreateOptions::default() };
+    create(&*cache, &*backing, &format).with_context(|| format!("formatting a {blocks}-block cache"))?;
     let clock = SimClock::new();
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();
-    let (volume, _) = Volume::open(c, b, Arc::new(clock.clone()), VolumeOptions::default())?;
+    let (volume, _) = Volume::open(c, b, Arc::new(clock.clone()), options)?;
     let cache_blocks = volume.superblock().layout.log_blocks;
     let written_at_open = cache.bytes_written.load(Ordering::Relaxed);
     let (reads0, writes0) = (backing.reads.load(Ordering::Relaxed), backing.writes.load(Ordering::Relaxed));
@@ -368,6 +384,11 @@ pub fn replay_cmd(args: ReplayArgs) -> Result<()> {
             indicatif::HumanBytes(footprint_blocks * BS)
         );
     }
+    let options = VolumeOptions {
+        eviction: args.eviction,
+        sequential_bypass_bytes: args.sequential_bypass.unwrap_or(tiercache_engine::constants::SEQUENTIAL_BYPASS_BYTES),
+        ..VolumeOptions::default()
+    };
     let mut sizes = Vec::new();
     for s in &args.cache_size {
         let blocks = match s.strip_suffix('%') {
@@ -380,7 +401,7 @@ pub fn replay_cmd(args: ReplayArgs) -> Result<()> {
             }
             None => crate::devices::parse_size(s).map_err(|e| anyhow::anyhow!("--cache-size {s}: {e}"))? / BS,
         };
-        let mut r = replay_one(&requests, extent, s, blocks)?;
+        let mut r = replay_one(&requests, extent, s, blocks, options)?;
         // (The anchors are listed at the footprint's exact percentages.)
         r.anchors = anchors_tsv.as_deref().and_then(|t| anchors_for(t, &trace_name, blocks));
         if !args.json {
@@ -412,8 +433,14 @@ pub fn replay_cmd(args: ReplayArgs) -> Result<()> {
         }
     }
     if args.json {
-        let report =
-            ReplayReport { trace: args.trace.display().to_string(), requests: requests.len(), footprint_blocks, sizes };
+        let report = ReplayReport {
+            trace: args.trace.display().to_string(),
+            requests: requests.len(),
+            footprint_blocks,
+            eviction: options.eviction,
+            sequential_bypass_bytes: options.sequential_bypass_bytes,
+            sizes,
+        };
         println!("{}", serde_json::to_string_pretty(&report)?);
     }
     Ok(())
@@ -504,10 +531,10 @@ mod tests {
         // access misses.
         let requests: Vec<Request> =
             (0..20).flat_map(|_| (0..200u64).map(|b| Request { write: false, offset: b * BS, len: BS })).collect();
-        let big = replay_one(&requests, 1 << 20, "big", 400).unwrap();
+        let big = replay_one(&requests, 1 << 20, "big", 400, VolumeOptions::default()).unwrap();
         assert_eq!(big.read_block_accesses, 4000);
         assert!(big.read_miss_ratio < 0.06, "{big:?}");
-        let small = replay_one(&requests, 1 << 20, "small", 50).unwrap();
+        let small = replay_one(&requests, 1 << 20, "small", 50, VolumeOptions::default()).unwrap();
         assert!(small.read_miss_ratio > 0.9, "{small:?}");
     }
 

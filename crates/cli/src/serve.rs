@@ -84,6 +84,12 @@ pub struct ServeArgs {
     /// Default: 2M.
     #[arg(long, value_name = "SIZE", value_parser = crate::devices::parse_size)]
     sequential_bypass: Option<u64>,
+    /// The read cache's eviction policy: `reinsert` (the default: blocks read again since
+    /// they were cached are kept when the log wraps, a miss of a block evicted lately counts
+    /// as a read) or `fifo` (every clean block is evicted when the log wraps; the policy
+    /// before, kept to measure against).
+    #[arg(long, value_name = "POLICY")]
+    eviction: Option<tiercache_engine::Eviction>,
     /// Write-back stops when dirty data falls to this percentage of the cache (default: the
     /// value given at create, 30).
     #[arg(long, value_name = "PERCENT")]
@@ -117,6 +123,8 @@ struct ServeConfig {
     record_trace: Option<PathBuf>,
     /// A size: "2M", or a number of bytes (0 admits everything).
     sequential_bypass: Option<SizeValue>,
+    /// "reinsert" or "fifo".
+    eviction: Option<tiercache_engine::Eviction>,
     dirty_low: Option<f64>,
     dirty_high: Option<f64>,
 }
@@ -148,6 +156,7 @@ impl ServeArgs {
                 None => None,
             };
         }
+        self.eviction = self.eviction.or(c.eviction);
         self.dirty_low = self.dirty_low.or(c.dirty_low);
         self.dirty_high = self.dirty_high.or(c.dirty_high);
         Ok(self)
@@ -313,6 +322,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let options = VolumeOptions {
         dirty_watermarks_permille: args.watermarks(sb.dirty_low_permille, sb.dirty_high_permille)?,
         sequential_bypass_bytes: args.sequential_bypass.unwrap_or(tiercache_engine::constants::SEQUENTIAL_BYPASS_BYTES),
+        eviction: args.eviction.unwrap_or_default(),
         ..VolumeOptions::default()
     };
     let (volume, report) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), options)?;
@@ -560,9 +570,60 @@ fn answer_control(conn: UnixStream, volume: &Volume, server: &ServerInfo) -> Res
             Ok(None) => control::write_line(w, &ErrorReply::new("no trace is being recorded".to_string()))?,
             Err(e) => control::write_line(w, &ErrorReply::new(format!("{e:#}")))?,
         },
+        Ok(Request::Preload) => {
+            let mut body = Vec::new();
+            (&mut reader).take(control::PRELOAD_REQUEST_MAX_BYTES).read_until(b'\n', &mut body)?;
+            let reply = match serde_json::from_slice::<control::PreloadRequest>(&body) {
+                Ok(request) => preload(w, volume, &request.ranges),
+                Err(e) => control::PreloadReply::Failed(ErrorReply::new(format!("preload: bad request line: {e}"))),
+            };
+            control::write_line(w, &reply)?;
+        }
         Err(e) => control::write_line(w, &ErrorReply::new(format!("bad request: {e}")))?,
     }
     Ok(())
+}
+
+/// Answers `preload`: each range read into the cache as hot data, a progress line per chunk
+/// (a client that goes away stops it; what was loaded stays).
+fn preload(w: &UnixStream, volume: &Volume, ranges: &[(u64, u64)]) -> control::PreloadReply {
+    use control::PreloadReply;
+    let size = volume.size_bytes();
+    if let Some(&(o, l)) = ranges.iter().find(|&&(o, l)| o.checked_add(l).is_none_or(|e| e > size)) {
+        return PreloadReply::Failed(ErrorReply::new(format!(
+            "preload: the range at {o} of {l} bytes ends beyond the volume ({size} bytes)"
+        )));
+    }
+    let total: u64 = ranges.iter().map(|r| r.1).sum();
+    tracing::info!(ranges = ranges.len(), bytes = total, "preload requested through the control socket");
+    let started = std::time::Instant::now();
+    let (mut report, mut done) = (tiercache_engine::PreloadReport::default(), 0u64);
+    for &(offset, len) in ranges {
+        let mut gone = false;
+        let r = volume.preload(offset, len, |d| {
+            gone =
+                control::write_line(w, &PreloadReply::Progress { done_bytes: done + d.min(len), total_bytes: total })
+                    .is_err();
+            !gone
+        });
+        match r {
+            Ok(r) => {
+                report.blocks += r.blocks;
+                report.admitted_blocks += r.admitted_blocks;
+                report.cached_blocks += r.cached_blocks;
+                report.left_out_blocks += r.left_out_blocks;
+            }
+            Err(e) => return PreloadReply::Failed(ErrorReply::new(format!("preload at byte {offset}: {e}"))),
+        }
+        if gone {
+            tracing::info!("preload stopped: its client went away");
+            break;
+        }
+        done += len;
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    tracing::info!(bytes = done, seconds, admitted = report.admitted_blocks, "preload ended");
+    PreloadReply::Finished { ok: true, report, bytes: done, seconds }
 }
 
 /// What the server knows of itself for `status` (`ServerReport`), with the counters sampled

@@ -85,6 +85,8 @@ pub struct Index {
     slots: Box<[SlotInfo]>,
     len: usize,
     dirty: usize,
+    /// Entries whose read count is not zero.
+    hot: usize,
 }
 
 impl Index {
@@ -97,6 +99,7 @@ impl Index {
             slots: vec![SlotInfo { block: NONE, crc: 0 }; log_blocks].into_boxed_slice(),
             len: 0,
             dirty: 0,
+            hot: 0,
         }
     }
 
@@ -107,6 +110,11 @@ impl Index {
     /// Entries that are dirty.
     pub fn dirty_len(&self) -> usize {
         self.dirty
+    }
+
+    /// Entries read since cached or last kept (a read count above zero).
+    pub fn hot_len(&self) -> usize {
+        self.hot
     }
 
     /// RAM used by both arrays.
@@ -179,6 +187,7 @@ impl Index {
             let b = self.buckets[i];
             if (((b & FREQ_MASK) >> FREQ_SHIFT) as u8) < freq_max(b & SLOT_MASK) {
                 self.buckets[i] = b + (1 << FREQ_SHIFT);
+                self.hot += usize::from(b & FREQ_MASK == 0);
             }
         }
     }
@@ -199,6 +208,7 @@ impl Index {
             Some(i) => {
                 let old = self.entry_of(self.buckets[i]);
                 self.dirty = self.dirty - usize::from(old.dirty) + usize::from(e.dirty);
+                self.hot = self.hot - usize::from(old.freq > 0) + usize::from(freq > 0);
                 if old.slot != e.slot {
                     self.slots[old.slot as usize] = SlotInfo { block: NONE, crc: 0 };
                 }
@@ -217,8 +227,19 @@ impl Index {
                 self.buckets[i] = value;
                 self.len += 1;
                 self.dirty += usize::from(e.dirty);
+                self.hot += usize::from(freq > 0);
                 None
             }
+        }
+    }
+
+    /// Sets the read count of a present entry (capped as `touch` caps it).
+    pub fn set_freq(&mut self, block: u64, freq: u8) {
+        if let Some(i) = self.find(Self::key(block)) {
+            let b = self.buckets[i];
+            let freq = freq.min(freq_max(b & SLOT_MASK));
+            self.hot = self.hot - usize::from(b & FREQ_MASK != 0) + usize::from(freq > 0);
+            self.buckets[i] = (b & !FREQ_MASK) | u32::from(freq) << FREQ_SHIFT;
         }
     }
 
@@ -241,6 +262,7 @@ impl Index {
         self.slots[old.slot as usize] = SlotInfo { block: NONE, crc: 0 };
         self.len -= 1;
         self.dirty -= usize::from(old.dirty);
+        self.hot -= usize::from(old.freq > 0);
         // Backward-shift deletion: move later members of the probe run into the hole so
         // that lookups never stop early (no tombstones, no rehashing).
         let n = self.buckets.len();
@@ -302,8 +324,19 @@ mod tests {
                             continue;
                         }
                         let slot = free[rng.gen_range(0..free.len())];
-                        let v = IndexEntry { slot, dirty: rng.gen_bool(0.5), freq: 0, crc: rng.gen() };
+                        let v = IndexEntry {
+                            slot,
+                            dirty: rng.gen_bool(0.5),
+                            freq: rng.gen_range(0..=FREQ_MAX),
+                            crc: rng.gen(),
+                        };
                         assert_eq!(idx.insert(key, v), model.insert(key, v));
+                    }
+                    2 if rng.gen_bool(0.5) => {
+                        idx.touch(key);
+                        if let Some(v) = model.get_mut(&key) {
+                            v.freq = (v.freq + 1).min(FREQ_MAX);
+                        }
                     }
                     2 => assert_eq!(idx.remove(key), model.remove(&key)),
                     _ => {
@@ -317,6 +350,7 @@ mod tests {
                 }
                 assert_eq!(idx.len(), model.len());
                 assert_eq!(idx.dirty_len(), model.values().filter(|v| v.dirty).count());
+                assert_eq!(idx.hot_len(), model.values().filter(|v| v.freq > 0).count());
             }
             for (k, v) in &model {
                 assert_eq!(idx.get(*k), Some(*v), "seed {seed} key {k}");

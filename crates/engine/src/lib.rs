@@ -33,7 +33,7 @@ pub use index::{index_ram_bytes, IndexEntry};
 pub use open::{create, read_superblock, CreateOptions, OpenReport, ReplayEnd, ReplayStop};
 #[cfg(feature = "testing")]
 pub use sabotage::Sabotage;
-pub use volume::{Counters, Volume, VolumeOptions, WriteAroundPolicy};
+pub use volume::{Counters, Eviction, PreloadReport, Volume, VolumeOptions, WriteAroundPolicy};
 
 use serde::Serialize;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -58,6 +58,13 @@ pub struct Status {
     pub cached_bytes: u64,
     pub dirty_blocks: u64,
     pub dirty_bytes: u64,
+    /// Cached blocks read since they were cached or last kept: the eviction policy keeps
+    /// them when the log's head reaches them (clean or dirty).
+    #[serde(default)]
+    pub hot_blocks: u64,
+    /// The read cache's eviction policy this run.
+    #[serde(default)]
+    pub eviction: Eviction,
     /// Written but not yet in a log record (lost by a crash unless flushed).
     pub staged_blocks: u64,
     pub dirty_low_permille: u16,

@@ -524,7 +524,8 @@ impl Client {
                 30..=33 => self.write_op(world, volume, sched, true),
                 34..=41 => self.partial_op(world, volume, sched, false),
                 42..=45 => self.partial_op(world, volume, sched, true),
-                46..=69 => self.read_op(world, volume, cache, failed_before),
+                46..=66 => self.read_op(world, volume, cache, failed_before),
+                67..=69 => self.preload_op(world, volume),
                 70..=81 => self.flush(world, volume, sched),
                 82..=89 => self.discard_op(world, volume),
                 _ => self.identical_rewrite(world, volume, sched),
@@ -804,6 +805,16 @@ impl Client {
             }
             Err(e) => Err(self.error(world, "flush", &e)),
         }
+    }
+
+    /// `tiercache preload` of a span: its blocks admitted hot whatever the stream (later
+    /// reads and crashes check that nothing stale came in with them).
+    fn preload_op(&mut self, world: &World, volume: &Volume) -> Result<(), Stop> {
+        let (start, n) = self.span(16);
+        volume
+            .preload(start * BS as u64, n * BS as u64, |_| true)
+            .map(|_| ())
+            .map_err(|e| self.error(world, "preload", &e))
     }
 
     fn discard_op(&mut self, world: &World, volume: &Volume) -> Result<(), Stop> {

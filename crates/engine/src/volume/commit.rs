@@ -293,7 +293,11 @@ impl Volume {
     /// Reads while it waited in staging or in flight do not count: they follow the miss
     /// closely (the same request burst), the correlated references 2Q ignores, and counting
     /// them made the shared traces miss more (ARCHITECTURE.md, the read cache).
-    fn freq_at_install(st: &State, block: u64, dirty: bool) -> u8 {
+    /// A block a preload staged enters hot, with the highest count.
+    fn freq_at_install(st: &mut State, block: u64, dirty: bool) -> u8 {
+        if st.hot_on_install.remove(&block) {
+            return FREQ_MAX;
+        }
         match st.index.get(block) {
             Some(old) if dirty => old.freq,
             _ if !dirty && st.ghosts.contains(block) => 1,

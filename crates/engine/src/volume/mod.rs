@@ -75,6 +75,7 @@ mod discard;
 mod lock_order;
 mod log_io;
 mod lost;
+mod preload;
 mod read;
 mod reclaim;
 mod staging;
@@ -83,6 +84,8 @@ mod streams;
 mod write;
 mod write_around;
 mod writeback;
+
+pub use preload::PreloadReport;
 
 pub use write_around::WriteAroundPolicy;
 
@@ -95,7 +98,7 @@ type IoGuard<'a> = lock_order::Ranked<MutexGuard<'a, IoBuffers>>;
 
 use crate::constants::*;
 use crate::error::{Corruption, EngineError, Result};
-use crate::index::{Index, IndexEntry};
+use crate::index::{Index, IndexEntry, FREQ_MAX};
 use crate::sabotage::sabotaged;
 use serde::Serialize;
 use staging::Staging;
@@ -126,6 +129,8 @@ pub struct VolumeOptions {
     pub dirty_watermarks_permille: Option<(u16, u16)>,
     /// When writes bypass the cache and go straight to the backing device (write-around).
     pub write_around: WriteAroundPolicy,
+    /// The read cache's eviction policy.
+    pub eviction: Eviction,
     /// Test machinery: a deliberately broken commit order (the `testing` feature).
     #[cfg(feature = "testing")]
     pub sabotage: crate::Sabotage,
@@ -145,10 +150,35 @@ impl Default for VolumeOptions {
             checkpoint_interval_permille: CHECKPOINT_INTERVAL_PERMILLE,
             dirty_watermarks_permille: None,
             write_around: WriteAroundPolicy::default(),
+            eviction: Eviction::default(),
             #[cfg(feature = "testing")]
             sabotage: crate::Sabotage::None,
             #[cfg(feature = "testing")]
             record_entries: None,
+        }
+    }
+}
+
+/// The read cache's eviction policy (reclaim.rs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Eviction {
+    /// FIFO with reinsertion: reclaim keeps clean blocks read since cached, a miss of a
+    /// block evicted lately enters with a read counted (the default).
+    #[default]
+    Reinsert,
+    /// Plain FIFO over the log: reclaim evicts every clean block it passes (the policy
+    /// before issue 10, kept to measure against).
+    Fifo,
+}
+
+impl std::str::FromStr for Eviction {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Eviction, String> {
+        match s {
+            "reinsert" => Ok(Eviction::Reinsert),
+            "fifo" => Ok(Eviction::Fifo),
+            _ => Err(format!("unknown eviction policy {s:?}: reinsert (the default) or fifo")),
         }
     }
 }
@@ -210,6 +240,9 @@ pub struct Counters {
     /// evicting them (the eviction policy's reinsertion).
     #[serde(default)]
     pub reinserted_blocks: u64,
+    /// Blocks `preload` went through (admitted, or cached already and marked hot).
+    #[serde(default)]
+    pub preloaded_blocks: u64,
     pub evicted_blocks: u64,
     pub checkpoints: u64,
     pub repaired_blocks: u64,
@@ -280,6 +313,9 @@ struct State {
     /// The blocks reclaim evicted lately (`ghost.rs`): the eviction policy's memory of the
     /// blocks it let go.
     ghosts: crate::ghost::Ghosts,
+    /// Blocks a preload staged (or found staged): they enter the index hot
+    /// (`freq_at_install`). Pruned at the end of each preload.
+    hot_on_install: HashSet<u64>,
 }
 
 impl State {
@@ -504,6 +540,7 @@ impl Volume {
                 // S3-FIFO's. A model of the log missed less with that than with a whole log
                 // per generation on the shared traces: bench/policy-model.py.)
                 ghosts: crate::ghost::Ghosts::new(layout.log_blocks as usize / 2),
+                hot_on_install: HashSet::new(),
             }),
             dirty_low_blocks: layout.log_blocks * u64::from(watermarks.0) / 1000,
             dirty_high_blocks: layout.log_blocks * u64::from(watermarks.1) / 1000,

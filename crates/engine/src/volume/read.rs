@@ -8,13 +8,13 @@ use super::*;
 
 /// Whether a read's misses are admitted, and if not, why (counted by reason).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Admit {
+pub(super) enum Admit {
     Yes,
     No(Bypass),
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Bypass {
+pub(super) enum Bypass {
     /// The read is larger than `admit_max_request_bytes`.
     Size,
     /// The read continues a long sequential stream.
@@ -22,7 +22,7 @@ enum Bypass {
 }
 
 /// Where a block's data was found when a read was planned.
-enum Source {
+pub(super) enum Source {
     /// Copied from staging or the record in flight, under the lock.
     Copied,
     /// The index entry and its log position.
@@ -103,7 +103,7 @@ impl Volume {
     }
 
     /// Reads the misses from the backing device, merged into runs of consecutive blocks.
-    fn read_backing_runs(&self, first: u64, plan: &[Source], buf: &mut [u8]) -> Result<()> {
+    pub(super) fn read_backing_runs(&self, first: u64, plan: &[Source], buf: &mut [u8]) -> Result<()> {
         let bs = self.bs;
         let mut i = 0;
         while i < plan.len() {
@@ -183,7 +183,7 @@ impl Volume {
     /// fill, and the block is not lost), and confirms each cache hit is still current, adding
     /// those that are not to `retry` (a slot can hold another copy of the same block a lap
     /// later; a position cannot, so "still current" is "the index names the same position").
-    fn admit_and_confirm(
+    pub(super) fn admit_and_confirm(
         &self,
         first: u64,
         plan: &[Source],

@@ -99,8 +99,7 @@ impl Volume {
         let limit = (head + self.layout.log_blocks / 8).min(st.tail).min(checkpoint);
         // (Only segments whose blocks are all clean and unread since cached: evicting those
         // costs the policy nothing.)
-        while target + seg <= limit && picked(target, target + seg).iter().all(|p| !p.entry.dirty && p.entry.freq == 0)
-        {
+        while target + seg <= limit && picked(target, target + seg).iter().all(|p| !p.entry.dirty && !self.keeps(p)) {
             target += seg;
         }
         (target, picked(head, target))
@@ -140,7 +139,7 @@ impl Volume {
         dirty: usize,
         room: usize,
     ) -> Vec<Picked> {
-        let mut kept: Vec<Picked> = live.iter().filter(|p| !p.entry.dirty && p.entry.freq > 0).copied().collect();
+        let mut kept: Vec<Picked> = live.iter().filter(|p| self.keeps(p)).copied().collect();
         if kept.len() <= room {
             return kept;
         }
@@ -166,6 +165,11 @@ impl Volume {
             least_read_out(&mut kept, fits);
         }
         kept
+    }
+
+    /// Whether the eviction policy keeps a clean block the head reaches.
+    fn keeps(&self, p: &Picked) -> bool {
+        !p.entry.dirty && p.entry.freq > 0 && self.options.eviction == Eviction::Reinsert
     }
 
     /// Reads the live dirty blocks to copy forward, then the clean ones to reinsert, into the

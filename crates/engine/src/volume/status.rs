@@ -31,6 +31,8 @@ impl Volume {
             cached_bytes: st.index.len() as u64 * bs,
             dirty_blocks: st.index.dirty_len() as u64,
             dirty_bytes: st.index.dirty_len() as u64 * bs,
+            hot_blocks: st.index.hot_len() as u64,
+            eviction: self.options.eviction,
             staged_blocks: st.staging.data.len() as u64,
             dirty_low_permille: self.watermarks_permille.0,
             dirty_high_permille: self.watermarks_permille.1,

@@ -1,0 +1,221 @@
+//! Preload: warming the cache with a byte range on purpose (`tiercache preload`: a table's
+//! files, found through FIEMAP, or ranges). The range is read from the backing device in large
+//! sequential requests, admitted whatever its size or the stream it makes (the read path would
+//! leave a long sequential read out), and kept as hot: every block enters with the highest read
+//! count, so the eviction policy keeps it for three laps of the log even if nothing reads it
+//! meanwhile. Blocks already cached are marked hot without being read.
+//!
+//! Admission goes through staging like a reader's, with the same guards (a write or loss of a
+//! block meanwhile cancels its fill; nothing clean is admitted while a write-around is
+//! unflushed), and each chunk is sealed into a record at once: a preload never leaves its
+//! blocks waiting in RAM for the background thread.
+
+use super::read::{Admit, Source};
+use super::*;
+
+/// What `preload` did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct PreloadReport {
+    /// Blocks of the range (whole blocks).
+    pub blocks: u64,
+    /// Read from the backing device and admitted.
+    pub admitted_blocks: u64,
+    /// Cached already (now marked hot), in the index or still staged.
+    pub cached_blocks: u64,
+    /// Not admitted: written or declared lost while the preload read them, refused while a
+    /// write-around was unflushed, or no room in staging.
+    pub left_out_blocks: u64,
+}
+
+impl Volume {
+    /// Reads `[offset, offset + len)`, widened to whole blocks, into the cache as hot data,
+    /// calling `progress(bytes done)` after each chunk (returning false stops the preload:
+    /// what was loaded stays). Chunks are a record's worth of blocks. Two threads: one reads
+    /// chunks from the backing device while the caller's admits and writes the one before
+    /// (so the backing device streams: a preload runs at its sequential speed).
+    pub fn preload(&self, offset: u64, len: u64, mut progress: impl FnMut(u64) -> bool) -> Result<PreloadReport> {
+        let (start, end) = self.aligned_span(offset, len)?;
+        let bs = self.bs as u64;
+        let chunk = self.lock().staging.data_limit() as u64;
+        let mut report = PreloadReport { blocks: (end - start) / bs, ..PreloadReport::default() };
+        let mut done = 0;
+        // Admits one chunk read; whether to go on.
+        let mut admit = |c: Chunk, report: &mut PreloadReport| -> Result<(AlignedBuf, bool)> {
+            report.cached_blocks += c.counted.0;
+            report.left_out_blocks += c.counted.1;
+            self.preload_admit(c.first, &c.plan, &c.buf[..(c.n * bs) as usize], report)?;
+            done += c.n * bs;
+            Ok((c.buf, progress(done)))
+        };
+        let stop = AtomicBool::new(false);
+        let result = if tiercache_sched::in_simulation() {
+            // (The simulator runs one thread at a time, its own: no read-ahead thread.)
+            let mut buf = AlignedBuf::new((chunk * bs) as usize);
+            let mut first = start / bs;
+            loop {
+                if first == end / bs {
+                    break Ok(());
+                }
+                let n = (end / bs - first).min(chunk);
+                let read = self.preload_read(first, &mut buf[..(n * bs) as usize]);
+                let (plan, counted) = match read {
+                    Ok(r) => r,
+                    Err(e) => break Err(e),
+                };
+                match admit(Chunk { first, buf, n, plan, counted }, &mut report) {
+                    Ok((b, true)) => buf = b,
+                    Ok((_, false)) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+                first += n;
+            }
+        } else {
+            std::thread::scope(|scope| {
+                // (Depth 1: one chunk read ahead while one is admitted; two buffers in all.)
+                let (read_tx, read_rx) = std::sync::mpsc::sync_channel::<Result<Chunk>>(1);
+                let (buf_tx, buf_rx) = std::sync::mpsc::channel::<AlignedBuf>();
+                for _ in 0..2 {
+                    buf_tx.send(AlignedBuf::new((chunk * bs) as usize)).expect("receiver alive");
+                }
+                let stop = &stop;
+                scope.spawn(move || {
+                    let mut first = start / bs;
+                    while first < end / bs && !stop.load(Ordering::Relaxed) {
+                        let Ok(mut buf) = buf_rx.recv() else { return };
+                        let n = (end / bs - first).min(chunk);
+                        let read = self
+                            .preload_read(first, &mut buf[..(n * bs) as usize])
+                            .map(|(plan, counted)| Chunk { first, buf, n, plan, counted });
+                        let failed = read.is_err();
+                        if read_tx.send(read).is_err() || failed {
+                            return;
+                        }
+                        first += n;
+                    }
+                });
+                let mut outcome = Ok(());
+                for read in read_rx.iter() {
+                    match read.and_then(|c| admit(c, &mut report)) {
+                        Ok((buf, go_on)) => {
+                            let _ = buf_tx.send(buf);
+                            if !go_on {
+                                break;
+                            }
+                        }
+                        Err(e) => {
+                            outcome = Err(e);
+                            break;
+                        }
+                    }
+                }
+                // Stopped, failed or done: the read-ahead thread ends (no more buffers, and
+                // told to), and the fills of a chunk it read that was never admitted are ended,
+                // or a write of one of those blocks would cancel its every later admission.
+                stop.store(true, Ordering::Relaxed);
+                drop(buf_tx);
+                for c in read_rx.iter().flatten() {
+                    self.end_fills(c.first, &c.plan);
+                }
+                outcome
+            })
+        };
+        // (Marks of blocks whose staged copy went without a record: TRIM, write-around.)
+        {
+            let mut st = self.lock();
+            let State { hot_on_install, staging, inflight, .. } = &mut *st;
+            hot_on_install.retain(|b| staging.map.contains_key(b) || inflight.iter().any(|r| r.map.contains_key(b)));
+        }
+        result.map(|()| report)
+    }
+
+    /// A chunk's plan and backing read (the read-ahead thread): marks what is cached hot,
+    /// registers fills for the rest, reads them. Returns the plan and (blocks cached already,
+    /// blocks left out because lost).
+    fn preload_read(&self, first: u64, buf: &mut [u8]) -> Result<(Vec<Source>, (u64, u64))> {
+        let n = buf.len() / self.bs;
+        let mut counted = (0, 0);
+        let plan: Vec<Source> = {
+            let mut st = self.lock();
+            st.check_poisoned()?;
+            (0..n as u64)
+                .map(|i| {
+                    let block = first + i;
+                    if st.index.get(block).is_some() {
+                        st.index.set_freq(block, FREQ_MAX);
+                        counted.0 += 1;
+                        Source::Copied
+                    } else if st.staging.map.contains_key(&block) || st.is_in_flight(block) {
+                        st.hot_on_install.insert(block);
+                        counted.0 += 1;
+                        Source::Copied
+                    } else if st.lost.contains_key(&block) {
+                        counted.1 += 1;
+                        Source::Copied
+                    } else {
+                        st.fills.entry(block).or_insert((0, false)).0 += 1;
+                        Source::Backing
+                    }
+                })
+                .collect()
+        };
+        if let Err(e) = self.read_backing_runs(first, &plan, buf) {
+            self.end_fills(first, &plan);
+            return Err(e);
+        }
+        Ok((plan, counted))
+    }
+
+    /// Ends the fills a chunk's plan registered, for a chunk that will not be admitted.
+    fn end_fills(&self, first: u64, plan: &[Source]) {
+        let mut st = self.lock();
+        for (i, s) in plan.iter().enumerate() {
+            if matches!(s, Source::Backing) {
+                st.end_fill(first + i as u64);
+            }
+        }
+    }
+
+    /// A chunk read: admit it (to be installed hot) and seal it into a record.
+    fn preload_admit(&self, first: u64, plan: &[Source], buf: &[u8], report: &mut PreloadReport) -> Result<()> {
+        if !self.lock().staging.data.is_empty() {
+            // (Room for the whole chunk: what others staged goes into a record first.)
+            let io = self.lock_io_to_seal();
+            if let Err(e) = self.write_out_pipelined(io) {
+                self.end_fills(first, plan);
+                return Err(e);
+            }
+        }
+        let admitted_before = self.lock().counters.admitted_blocks;
+        self.admit_and_confirm(first, plan, buf, Admit::Yes, true, &mut Vec::new());
+        let missed = plan.iter().filter(|s| matches!(s, Source::Backing)).count() as u64;
+        {
+            let mut st = self.lock();
+            let admitted = st.counters.admitted_blocks - admitted_before;
+            report.admitted_blocks += admitted;
+            report.left_out_blocks += missed.saturating_sub(admitted);
+            st.counters.preloaded_blocks += plan.len() as u64;
+            for (i, s) in plan.iter().enumerate() {
+                let block = first + i as u64;
+                if matches!(s, Source::Backing)
+                    && st.staging.map.get(&block).is_some_and(|&k| st.staging.data[k].1 == EntryKind::DataClean)
+                {
+                    st.hot_on_install.insert(block);
+                }
+            }
+        }
+        // Sealed now, not when staging fills: the chunk is in the log when this returns (or in
+        // a record whose write another writer is finishing).
+        let io = self.lock_io_to_seal();
+        self.write_out_pipelined(io)
+    }
+}
+
+/// A chunk the read-ahead thread read.
+struct Chunk {
+    first: u64,
+    buf: AlignedBuf,
+    n: u64,
+    plan: Vec<Source>,
+    /// (Cached already, left out.)
+    counted: (u64, u64),
+}
