@@ -16,7 +16,9 @@
 # Usage: bench/db-bench.sh [--db mariadb|postgres|both] [--seconds 60] [--threads 8]
 #          [--tables 4] [--table-size 50000] [--pg-scale 10] [--slow emulated-profile]
 #          [--volume-size 4G] [--cache-size 1G] [--buffer-pool 64M] [--workdir DIR]
-#          [--targets fast,slow,hybrid[,hybrid-fifo]]
+#          [--targets fast,slow,hybrid[,hybrid-fifo]] [--record-trace DIR]
+# --record-trace DIR: the hybrid servers record every request into DIR/TARGET-DB.csv.gz
+# (`serve --record-trace`), for `tiercache replay`.
 # Needs root (loop devices, mounts). Installs mariadb-server, sysbench, postgresql, fuse3.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +33,7 @@ SLOW=hdd
 VOLUME_SIZE=4G
 CACHE_SIZE=1G
 BUFFER_POOL=64M
+TRACE_DIR=""
 WORKDIR=/var/tmp/tiercache-dbbench
 TARGETS=fast,slow,hybrid
 while [ $# -gt 0 ]; do
@@ -47,7 +50,8 @@ while [ $# -gt 0 ]; do
         --buffer-pool) BUFFER_POOL=$2; shift 2 ;;
         --workdir) WORKDIR=$2; shift 2 ;;
         --targets) TARGETS=$2; shift 2 ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        --record-trace) TRACE_DIR=$2; shift 2 ;;
+        -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
         *) echo "db-bench: unknown option $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -84,9 +88,9 @@ teardown() {
 }
 trap teardown EXIT
 
-# Brings up one target's volume as ext4 mounted at $WORKDIR/cur/mnt.
+# Brings up one target's volume as ext4 mounted at $WORKDIR/cur/mnt (for database $2).
 setup() {
-    local t=$1
+    local t=$1 db=$2
     rm -rf "$WORKDIR/cur"; mkdir -p "$WORKDIR/cur/fuse" "$WORKDIR/cur/mnt"
     local d="$WORKDIR/cur"
     case "$t" in
@@ -102,8 +106,10 @@ setup() {
             [ "$t" = hybrid-fifo ] && eviction=fifo
             truncate -s "$VOLUME_SIZE" "$d/backing.img"
             "$TC" create --cache "$d/cache.img" --cache-size "$CACHE_SIZE" --backing "emulated:$SLOW:$d/backing.img" >/dev/null
+            local record=()
+            if [ -n "$TRACE_DIR" ]; then mkdir -p "$TRACE_DIR"; record=(--record-trace "$(realpath "$TRACE_DIR")/$t-$db.csv.gz"); fi
             "$TC" serve --cache "$d/cache.img" --backing "emulated:$SLOW:$d/backing.img" --fuse "$d/fuse" \
-                --eviction "$eviction" 2>"$d/serve.log" & ;;
+                --eviction "$eviction" "${record[@]}" 2>"$d/serve.log" & ;;
         *) echo "db-bench: unknown target $t" >&2; exit 2 ;;
     esac
     SERVER_PID=$!
@@ -182,7 +188,7 @@ run_postgres() {
 echo "db-bench: $DB on ${TARGETS//,/ / } volumes (slow: $SLOW), ${RUN_SECONDS}s runs, $THREADS threads"
 for t in ${TARGETS//,/ }; do
     for db in $( [ "$DB" = both ] && echo mariadb postgres || echo "$DB" ); do
-        setup "$t"
+        setup "$t" "$db"
         "run_$db" "$t"
         teardown
     done
