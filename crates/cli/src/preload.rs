@@ -25,8 +25,9 @@ Examples:
 
 The file system must be on the served volume: a loop device over its FUSE file (checked), or,
 with --device-is-volume, any device that is the volume (NBD, ublk). The blocks are read from the
-backing device in large sequential requests and enter the cache hot: the eviction policy keeps
-them for three laps of the log even if nothing reads them meanwhile.")]
+backing device in large sequential requests and enter the cache hot: reclaim keeps each of them
+the next three times the log's head reaches it, even if nothing reads it meanwhile (the head
+comes round sooner when most of the cache is hot). Preload less than the cache holds.")]
 pub struct PreloadArgs {
     /// The cache device of the served volume: PATH, or emulated:PROFILE:PATH.
     #[arg(long, value_name = "DEVICE")]
@@ -84,7 +85,8 @@ pub fn preload_cmd(args: PreloadArgs) -> Result<()> {
             .filter_map(|p| std::fs::canonicalize(p).ok())
             .collect();
         for f in &args.files {
-            ranges.extend(file_ranges(f, &fuse_files, args.device_is_volume)?);
+            let dev = std::fs::metadata(f).with_context(|| format!("{}", f.display()))?.dev();
+            ranges.extend(file_ranges(f, dev, &fuse_files, args.device_is_volume)?);
         }
     }
     let ranges = merge(ranges);
@@ -135,24 +137,31 @@ fn merge(mut ranges: Vec<(u64, u64)>) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::with_capacity(ranges.len());
     for (o, l) in ranges {
         match out.last_mut() {
-            Some((lo, ll)) if o <= *lo + *ll => *ll = (*ll).max(o + l - *lo),
+            // (Saturating: the server refuses a range beyond the volume, with a message.)
+            Some((lo, ll)) if o <= lo.saturating_add(*ll) => *ll = (*ll).max(o.saturating_add(l) - *lo),
             _ => out.push((o, l)),
         }
     }
     out
 }
 
-/// The volume ranges holding a file's data (or every file's under a directory).
-fn file_ranges(path: &Path, fuse_files: &[PathBuf], trusted: bool) -> Result<Vec<(u64, u64)>> {
+/// The volume ranges holding a file's data (or every file's under a directory; symbolic
+/// links and whatever lies on another file system than `dev`, the one named, are skipped).
+fn file_ranges(path: &Path, dev: u64, fuse_files: &[PathBuf], trusted: bool) -> Result<Vec<(u64, u64)>> {
     let meta = std::fs::metadata(path).with_context(|| format!("{}", path.display()))?;
     if meta.is_dir() {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(path).with_context(|| format!("listing {}", path.display()))? {
             let p = entry?.path();
-            if std::fs::symlink_metadata(&p)?.file_type().is_symlink() {
+            let m = std::fs::symlink_metadata(&p)?;
+            if m.file_type().is_symlink() {
                 continue;
             }
-            out.extend(file_ranges(&p, fuse_files, trusted)?);
+            if m.dev() != dev {
+                eprintln!("tiercache preload: skipping {}: on another file system", p.display());
+                continue;
+            }
+            out.extend(file_ranges(&p, dev, fuse_files, trusted)?);
         }
         return Ok(out);
     }
@@ -182,6 +191,12 @@ fn file_ranges(path: &Path, fuse_files: &[PathBuf], trusted: bool) -> Result<Vec
 fn device_offset(dev: u64, fuse_files: &[PathBuf], trusted: bool) -> Result<u64> {
     let (major, minor) = (libc::major(dev), libc::minor(dev));
     let sys = PathBuf::from(format!("/sys/dev/block/{major}:{minor}"));
+    if trusted && !sys.exists() {
+        bail!(
+            "its file system has no block device of its own (device {major}:{minor}: btrfs, a network or \
+             in-memory file system): FIEMAP's offsets there are not a device's"
+        );
+    }
     let read = |p: PathBuf| -> Result<String> {
         Ok(std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?.trim().to_string())
     };
@@ -192,6 +207,10 @@ fn device_offset(dev: u64, fuse_files: &[PathBuf], trusted: bool) -> Result<u64>
         (std::fs::canonicalize(&sys).with_context(|| format!("{} (device {major}:{minor})", sys.display()))?, 0)
     };
     let name = whole.file_name().map(|n| n.to_string_lossy().to_string()).unwrap_or_default();
+    if whole.join("dm").exists() {
+        // (An LVM volume or dm target maps its offsets: they are not the volume's.)
+        bail!("it is on /dev/{name}, a device-mapper device: its offsets are not the volume's, and preload cannot map them");
+    }
     if trusted {
         return Ok(start);
     }
@@ -199,7 +218,7 @@ fn device_offset(dev: u64, fuse_files: &[PathBuf], trusted: bool) -> Result<u64>
     if !backing_file.exists() {
         bail!(
             "it is on /dev/{name} (device {major}:{minor}), not a loop device over the volume's FUSE file; \
-             if /dev/{name} is this volume (the kernel's NBD client, ublk), pass --device-is-volume"
+             if /dev/{name} is this volume itself (the kernel's NBD client, ublk), pass --device-is-volume"
         );
     }
     let file = PathBuf::from(read(backing_file)?);
@@ -230,5 +249,7 @@ mod tests {
         assert!(parse_range("12").unwrap_err().to_string().contains("OFFSET:LENGTH"));
         assert!(parse_range("0:0").unwrap_err().to_string().contains("empty"));
         assert_eq!(merge(vec![(100, 50), (0, 100), (400, 10), (120, 100)]), vec![(0, 220), (400, 10)]);
+        // (No overflow however absurd: the server refuses ranges beyond the volume.)
+        assert_eq!(merge(vec![(8 << 60, 8 << 60), (15 << 60, 1)]), vec![(8 << 60, u64::MAX - (8 << 60))]);
     }
 }

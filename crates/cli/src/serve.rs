@@ -594,7 +594,9 @@ fn preload(w: &UnixStream, volume: &Volume, ranges: &[(u64, u64)]) -> control::P
             "preload: the range at {o} of {l} bytes ends beyond the volume ({size} bytes)"
         )));
     }
-    let total: u64 = ranges.iter().map(|r| r.1).sum();
+    let Some(total) = ranges.iter().try_fold(0u64, |t, r| t.checked_add(r.1)) else {
+        return PreloadReply::Failed(ErrorReply::new("preload: the ranges add up to more than 2^64 bytes".to_string()));
+    };
     tracing::info!(ranges = ranges.len(), bytes = total, "preload requested through the control socket");
     let started = std::time::Instant::now();
     let (mut report, mut done) = (tiercache_engine::PreloadReport::default(), 0u64);

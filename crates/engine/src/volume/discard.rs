@@ -37,6 +37,7 @@ impl Volume {
             .collect();
         for b in staged_clean {
             st.staging.remove(b, self.bs);
+            st.hot_on_install.remove(&b);
         }
         Ok(())
     }

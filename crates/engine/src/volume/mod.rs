@@ -240,7 +240,7 @@ pub struct Counters {
     /// evicting them (the eviction policy's reinsertion).
     #[serde(default)]
     pub reinserted_blocks: u64,
-    /// Blocks `preload` went through (admitted, or cached already and marked hot).
+    /// Blocks `preload` admitted, or found cached already and marked hot.
     #[serde(default)]
     pub preloaded_blocks: u64,
     pub evicted_blocks: u64,

@@ -2,8 +2,9 @@
 //! files, found through FIEMAP, or ranges). The range is read from the backing device in large
 //! sequential requests, admitted whatever its size or the stream it makes (the read path would
 //! leave a long sequential read out), and kept as hot: every block enters with the highest read
-//! count, so the eviction policy keeps it for three laps of the log even if nothing reads it
-//! meanwhile. Blocks already cached are marked hot without being read.
+//! count, so reclaim keeps it the next three times the log's head reaches it even if nothing
+//! reads it meanwhile (the head comes round sooner when most of the cache is hot: keeping a
+//! block frees nothing). Blocks already cached are marked hot without being read.
 //!
 //! Admission goes through staging like a reader's, with the same guards (a write or loss of a
 //! block meanwhile cancels its fill; nothing clean is admitted while a write-around is
@@ -35,6 +36,9 @@ impl Volume {
     /// (so the backing device streams: a preload runs at its sequential speed).
     pub fn preload(&self, offset: u64, len: u64, mut progress: impl FnMut(u64) -> bool) -> Result<PreloadReport> {
         let (start, end) = self.aligned_span(offset, len)?;
+        if len == 0 {
+            return Ok(PreloadReport::default());
+        }
         let bs = self.bs as u64;
         let chunk = self.lock().staging.data_limit() as u64;
         let mut report = PreloadReport { blocks: (end - start) / bs, ..PreloadReport::default() };
@@ -43,6 +47,8 @@ impl Volume {
         let mut admit = |c: Chunk, report: &mut PreloadReport| -> Result<(AlignedBuf, bool)> {
             report.cached_blocks += c.counted.0;
             report.left_out_blocks += c.counted.1;
+            // (Blocks cached already count as preloaded: they were marked hot.)
+            self.lock().counters.preloaded_blocks += c.counted.0;
             self.preload_admit(c.first, &c.plan, &c.buf[..(c.n * bs) as usize], report)?;
             done += c.n * bs;
             Ok((c.buf, progress(done)))
@@ -128,9 +134,10 @@ impl Volume {
         result.map(|()| report)
     }
 
-    /// A chunk's plan and backing read (the read-ahead thread): marks what is cached hot,
-    /// registers fills for the rest, reads them. Returns the plan and (blocks cached already,
-    /// blocks left out because lost).
+    /// A chunk's plan and backing read (the read-ahead thread): marks what is in the index hot,
+    /// registers fills for the blocks not cached, reads them. Returns the plan and (blocks
+    /// cached already, blocks left out because lost). Blocks found staged or in flight are
+    /// `Source::Copied` in the plan: `preload_admit` marks them, if the chunk gets that far.
     fn preload_read(&self, first: u64, buf: &mut [u8]) -> Result<(Vec<Source>, (u64, u64))> {
         let n = buf.len() / self.bs;
         let mut counted = (0, 0);
@@ -145,7 +152,6 @@ impl Volume {
                         counted.0 += 1;
                         Source::Copied
                     } else if st.staging.map.contains_key(&block) || st.is_in_flight(block) {
-                        st.hot_on_install.insert(block);
                         counted.0 += 1;
                         Source::Copied
                     } else if st.lost.contains_key(&block) {
@@ -177,6 +183,18 @@ impl Volume {
 
     /// A chunk read: admit it (to be installed hot) and seal it into a record.
     fn preload_admit(&self, first: u64, plan: &[Source], buf: &[u8], report: &mut PreloadReport) -> Result<()> {
+        if self.lock().around.owes_a_settle() {
+            // A write-around not yet flushed bars every clean admission (write_around.rs): a
+            // preload asked for is worth the backing flush that settles it.
+            let settled = {
+                let _around = self.lock_around();
+                self.settle_write_around()
+            };
+            if let Err(e) = settled {
+                self.end_fills(first, plan);
+                return Err(e);
+            }
+        }
         if !self.lock().staging.data.is_empty() {
             // (Room for the whole chunk: what others staged goes into a record first.)
             let io = self.lock_io_to_seal();
@@ -185,23 +203,33 @@ impl Volume {
                 return Err(e);
             }
         }
-        let admitted_before = self.lock().counters.admitted_blocks;
         self.admit_and_confirm(first, plan, buf, Admit::Yes, true, &mut Vec::new());
-        let missed = plan.iter().filter(|s| matches!(s, Source::Backing)).count() as u64;
         {
+            // What this chunk staged, and what it found staged or in flight, enters hot. (Each
+            // mark is dropped with its staged copy if a TRIM or write-around drops that.)
             let mut st = self.lock();
-            let admitted = st.counters.admitted_blocks - admitted_before;
-            report.admitted_blocks += admitted;
-            report.left_out_blocks += missed.saturating_sub(admitted);
-            st.counters.preloaded_blocks += plan.len() as u64;
+            let mut admitted = 0;
             for (i, s) in plan.iter().enumerate() {
                 let block = first + i as u64;
-                if matches!(s, Source::Backing)
-                    && st.staging.map.get(&block).is_some_and(|&k| st.staging.data[k].1 == EntryKind::DataClean)
-                {
-                    st.hot_on_install.insert(block);
+                let staged_clean =
+                    st.staging.map.get(&block).is_some_and(|&k| st.staging.data[k].1 == EntryKind::DataClean);
+                match s {
+                    Source::Backing if staged_clean => {
+                        admitted += 1;
+                        st.hot_on_install.insert(block);
+                    }
+                    Source::Backing => report.left_out_blocks += 1,
+                    // (Found staged or in flight when planned: installed by now, perhaps by the
+                    // seal above, or still to be.)
+                    _ if st.staging.map.contains_key(&block) || st.is_in_flight(block) => {
+                        st.hot_on_install.insert(block);
+                    }
+                    _ if st.index.get(block).is_some() => st.index.set_freq(block, FREQ_MAX),
+                    _ => {}
                 }
             }
+            report.admitted_blocks += admitted;
+            st.counters.preloaded_blocks += admitted;
         }
         // Sealed now, not when staging fills: the chunk is in the log when this returns (or in
         // a record whose write another writer is finishing).

@@ -9,10 +9,11 @@
 //! clean copy whose count is not zero is copied forward with the count one less (the
 //! reinsertion of S3-FIFO's main queue and CLOCK's second chance, generalised to 2 bits);
 //! one whose count is zero is evicted. A read miss of a block evicted lately (the ghost
-//! queue, ghost.rs: two Bloom filters, 1.25 bytes per cache block) enters with a count of
-//! one. So a block read once is evicted after one lap of the log, a
-//! block read again keeps its place for as many laps as its reads earned, and a scan (which
-//! never reads a block twice) cannot push out blocks read more often than it. The copies
+//! queue, ghost.rs: two Bloom filters, 2 bytes per cache block) enters with a count of
+//! one. So a block read once is evicted after one lap of the log, a block read again keeps its
+//! place for as many passes of the head as its reads earned, and a scan (which never reads a
+//! block twice) pushes a hot block out only after that many passes (which come sooner the more
+//! of the log is hot: the sequential bypass, streams.rs, keeps long scans out altogether). The copies
 //! cost cache bandwidth only, in the reclaim record the head moves by anyway: at most half a
 //! segment per reclaim record, whose window then ends early rather than evict a block its
 //! count keeps.

@@ -101,6 +101,11 @@ impl Around {
 
     /// Whether `block` may be admitted as clean from the backing device: not while any
     /// write-around is unflushed (its data on the backing device may still vanish).
+    /// A write-around is not yet flushed (so no clean copy may be admitted until a settle).
+    pub(super) fn owes_a_settle(&self) -> bool {
+        self.gen != self.flushed_gen
+    }
+
     pub(super) fn admissible(&self, block: u64) -> bool {
         self.gen == self.flushed_gen && !self.writing.contains(&block)
     }
@@ -216,6 +221,8 @@ impl Volume {
             st.cancel_fill(block);
             if st.staging.map.get(&block).is_some_and(|&k| st.staging.data[k].1 == EntryKind::DataClean) {
                 st.staging.remove(block, self.bs);
+                st.hot_on_install.remove(&block);
+                st.hot_on_install.remove(&block);
             }
             st.around.writing.insert(block);
         }
