@@ -17,7 +17,7 @@
 #          [--tables 4] [--table-size 50000] [--pg-scale 10] [--slow emulated-profile]
 #          [--volume-size 4G] [--cache-size 1G] [--buffer-pool 64M] [--workdir DIR]
 #          [--targets fast,slow,hybrid[,hybrid-fifo]] [--record-trace DIR]
-# --record-trace DIR: the hybrid servers record every request into DIR/TARGET-DB.csv.gz
+# --record-trace DIR: the hybrid servers record every request into DIR/TARGET-DB-N.csv.gz
 # (`serve --record-trace`), for `tiercache replay`.
 # Needs root (loop devices, mounts). Installs mariadb-server, sysbench, postgresql, fuse3.
 set -euo pipefail
@@ -107,7 +107,12 @@ setup() {
             truncate -s "$VOLUME_SIZE" "$d/backing.img"
             "$TC" create --cache "$d/cache.img" --cache-size "$CACHE_SIZE" --backing "emulated:$SLOW:$d/backing.img" >/dev/null
             local record=()
-            if [ -n "$TRACE_DIR" ]; then mkdir -p "$TRACE_DIR"; record=(--record-trace "$(realpath "$TRACE_DIR")/$t-$db.csv.gz"); fi
+            if [ -n "$TRACE_DIR" ]; then
+                mkdir -p "$TRACE_DIR"
+                local n=1
+                while [ -e "$TRACE_DIR/$t-$db-$n.csv.gz" ]; do n=$((n + 1)); done
+                record=(--record-trace "$(realpath "$TRACE_DIR")/$t-$db-$n.csv.gz")
+            fi
             "$TC" serve --cache "$d/cache.img" --backing "emulated:$SLOW:$d/backing.img" --fuse "$d/fuse" \
                 --eviction "$eviction" "${record[@]}" 2>"$d/serve.log" & ;;
         *) echo "db-bench: unknown target $t" >&2; exit 2 ;;
