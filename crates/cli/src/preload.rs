@@ -250,6 +250,6 @@ mod tests {
         assert!(parse_range("0:0").unwrap_err().to_string().contains("empty"));
         assert_eq!(merge(vec![(100, 50), (0, 100), (400, 10), (120, 100)]), vec![(0, 220), (400, 10)]);
         // (No overflow however absurd: the server refuses ranges beyond the volume.)
-        assert_eq!(merge(vec![(8 << 60, 8 << 60), (15 << 60, 1)]), vec![(8 << 60, u64::MAX - (8 << 60))]);
+        assert_eq!(merge(vec![(8 << 60, 8 << 60), (15 << 60, 1)]), vec![(8 << 60, 8 << 60)]);
     }
 }

@@ -149,3 +149,42 @@ fn a_trace_starts_and_stops_through_the_control_socket() {
     sigterm(&child);
     assert!(child.wait().unwrap().success());
 }
+
+/// `tiercache preload --range` through a running server: the range comes in hot (a later read
+/// of it is all hits), the report says what was loaded, and bad requests are precise errors.
+#[test]
+fn preload_loads_a_range_through_the_control_socket() {
+    let vol = TempVolume::created(64 << 20, "32M");
+    let sock = vol.path("nbd.sock");
+    let control = vol.path("control.sock");
+    let (mut child, uri) = serve(&vol, &sock, &["--control", p(&control)]);
+    let cache = p(&vol.cache);
+    let ctl = ["--control", p(&control)];
+    let out = ok_json(&[&["preload", "--cache", cache], &ctl[..], &["--range", "1M:2M", "--json"]].concat());
+    assert_eq!(out["bytes"], 2 << 20, "{out}");
+    assert_eq!(out["report"]["admitted_blocks"], 512, "{out}");
+    let status = ok_json(&[&["status", "--cache", cache], &ctl[..], &["--json"]].concat());
+    assert_eq!(status["counters"]["preloaded_blocks"], 512, "{status}");
+    assert!(status["hot_blocks"].as_u64().unwrap() >= 512, "{status}");
+    let hits = status["counters"]["read_hit_blocks"].as_u64().unwrap();
+    qemu_io(&uri, &["read 1M 2M"]);
+    let status = ok_json(&[&["status", "--cache", cache], &ctl[..], &["--json"]].concat());
+    assert_eq!(status["counters"]["read_hit_blocks"].as_u64().unwrap() - hits, 512, "every block a hit: {status}");
+    // Again: everything is cached already.
+    let again = ok_json(&[&["preload", "--cache", cache], &ctl[..], &["--range", "1M:2M", "--json"]].concat());
+    assert_eq!(
+        (again["report"]["admitted_blocks"].as_u64(), again["report"]["cached_blocks"].as_u64()),
+        (Some(0), Some(512))
+    );
+    fails_with(&[&["preload", "--cache", cache], &ctl[..], &["--range", "63M:2M"]].concat(), "beyond the volume");
+    fails_with(&[&["preload", "--cache", cache], &ctl[..], &["--range", "12"]].concat(), "OFFSET:LENGTH");
+    fails_with(&[&["preload", "--cache", cache], &ctl[..]].concat(), "nothing to preload");
+    let outside = vol.path("not-on-the-volume");
+    std::fs::write(&outside, b"x").unwrap();
+    fails_with(
+        &[&["preload", "--cache", cache], &ctl[..], &[p(&outside)]].concat(),
+        "is its file system on this volume",
+    );
+    sigterm(&child);
+    assert!(child.wait().unwrap().success());
+}

@@ -86,24 +86,12 @@ fn blocks(n: u64) -> u64 {
     n * BS as u64
 }
 
-fn freq(v: &Volume, block: u64) -> Option<u8> {
-    v.index_snapshot().into_iter().find(|(b, _)| *b == block).map(|(_, e)| e.freq)
-}
-
 fn hot_in_index(v: &Volume) -> u64 {
     v.index_snapshot().iter().filter(|(_, e)| e.freq > 0).count() as u64
 }
 
 fn cold(n: u64) -> u64 {
     4_000 + (n * 7) % 12_000
-}
-
-fn read_once(v: &Volume, blocks: impl Iterator<Item = u64>) {
-    let mut buf = vec![0u8; BS];
-    for b in blocks {
-        v.read(b * BS as u64, &mut buf).unwrap();
-        assert_eq!(version_of(b, &buf), Some(0), "block {b}");
-    }
 }
 
 fn preload_on(v: &Arc<Volume>, first: u64, n: u64) -> std::thread::JoinHandle<Result<PreloadReport, EngineError>> {

@@ -102,10 +102,6 @@ fn entry(v: &Volume, block: u64) -> Option<IndexEntry> {
     v.index_snapshot().into_iter().find(|(b, _)| *b == block).map(|(_, e)| e)
 }
 
-fn freq(v: &Volume, block: u64) -> Option<u8> {
-    entry(v, block).map(|e| e.freq)
-}
-
 /// (head, tail) of the log.
 fn head_tail(v: &Volume) -> (u64, u64) {
     let (head, _, tail) = v.log_window();

@@ -30,21 +30,8 @@ const BACKING_BLOCKS: u64 = 16_384;
 /// A 1,024-block log over a 16,384-block backing device (version 0), no background thread,
 /// sequential reads admitted however long (these tests read one block per request anyway).
 fn volume() -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
-    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, Default::default());
-    let c: Arc<dyn BlockDevice> = cache.clone();
-    let b: Arc<dyn BlockDevice> = backing.clone();
     let options = VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() };
-    let volume = Volume::open(c, b, Arc::new(MonotonicClock::new()), options).expect("open").0;
-    (cache, backing, volume)
-}
-
-/// Reads each block once, one block per request, in a scattered order (no stream).
-fn read_once(v: &Volume, blocks: impl Iterator<Item = u64>) {
-    let mut buf = vec![0u8; BS];
-    for b in blocks {
-        v.read(b * BS as u64, &mut buf).unwrap();
-        assert_eq!(version_of(b, &buf), Some(0), "block {b}");
-    }
+    volume_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, options)
 }
 
 /// The `n`-th one-time block: distinct, far from the hot set, not consecutive.

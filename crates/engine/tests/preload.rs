@@ -22,27 +22,11 @@ const LOG_SEGMENTS: u64 = 16; // 1,024 blocks
 const BACKING_BLOCKS: u64 = 16_384;
 
 fn volume() -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
-    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, Default::default());
-    let c: Arc<dyn BlockDevice> = cache.clone();
-    let b: Arc<dyn BlockDevice> = backing.clone();
-    let volume = Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0;
-    (cache, backing, volume)
-}
-
-fn read_once(v: &Volume, blocks: impl Iterator<Item = u64>) {
-    let mut buf = vec![0u8; BS];
-    for b in blocks {
-        v.read(b * BS as u64, &mut buf).unwrap();
-        assert_eq!(version_of(b, &buf), Some(0), "block {b}");
-    }
+    volume_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, VolumeOptions::default())
 }
 
 fn cold(n: u64) -> u64 {
     4_000 + (n * 7) % 12_000
-}
-
-fn freq(v: &Volume, block: u64) -> Option<u8> {
-    v.index_snapshot().into_iter().find(|(b, _)| *b == block).map(|(_, e)| e.freq)
 }
 
 #[test]

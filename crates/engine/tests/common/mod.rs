@@ -36,6 +36,20 @@ pub fn devices_seg(log_segments: u64, seg: u32, blocks: u64, opts: CreateOptions
     (cache, backing)
 }
 
+/// `devices_seg` with default options, and the volume on them opened with `options`.
+pub fn volume_seg(
+    log_segments: u64,
+    seg: u32,
+    blocks: u64,
+    options: VolumeOptions,
+) -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
+    let (cache, backing) = devices_seg(log_segments, seg, blocks, CreateOptions::default());
+    let c: Arc<dyn BlockDevice> = cache.clone();
+    let b: Arc<dyn BlockDevice> = backing.clone();
+    let volume = Volume::open(c, b, Arc::new(MonotonicClock::new()), options).expect("open").0;
+    (cache, backing, volume)
+}
+
 /// `devices_seg` with segments of 8 blocks and default options.
 pub fn devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>) {
     devices_seg(log_segments, 8, blocks, CreateOptions::default())
@@ -70,6 +84,21 @@ pub fn read_version(v: &Volume, block: u64) -> Result<Option<u64>, EngineError> 
 
 pub fn is_lost(r: &Result<Option<u64>, EngineError>, block: u64) -> bool {
     matches!(r, Err(EngineError::LostBlock { block: b }) if *b == block)
+}
+
+/// Reads each block once, one block per request, and checks it holds version 0 (the backing
+/// device's initial content): the eviction policy's one-time reads.
+pub fn read_once(v: &Volume, blocks: impl Iterator<Item = u64>) {
+    let mut buf = vec![0u8; BS];
+    for b in blocks {
+        v.read(b * BS as u64, &mut buf).unwrap();
+        assert_eq!(version_of(b, &buf), Some(0), "block {b}");
+    }
+}
+
+/// The read count of `block`'s index entry (the eviction policy's), if it is cached.
+pub fn freq(v: &Volume, block: u64) -> Option<u8> {
+    v.index_snapshot().into_iter().find(|(b, _)| *b == block).map(|(_, e)| e.freq)
 }
 
 /// The slot and dirty flag of `block`'s cached copy.
