@@ -16,7 +16,7 @@
 //!   reclaim reads it is evicted, and reads return the backing device's data.
 
 use std::sync::Arc;
-use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
+use tiercache_device::SimDevice;
 use tiercache_engine::{Volume, VolumeOptions};
 
 mod common;
