@@ -107,9 +107,10 @@ pub fn preload_cmd(args: PreloadArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!(
-            "preloaded {} in {} ranges in {:.1} s ({:.0} MiB/s): {} blocks read and admitted, {} cached already (now hot), {} left out",
+            "preloaded {} in {} range{} in {:.1} s ({:.0} MiB/s): {} blocks read and admitted, {} cached already (now hot), {} left out",
             HumanBytes(bytes),
             out.ranges,
+            if out.ranges == 1 { "" } else { "s" },
             seconds,
             mib_per_second,
             report.admitted_blocks,

@@ -323,14 +323,14 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         (
             "occupancy",
             format!(
-                "{} hot (read again since cached, kept by the {} policy), {} clean, {} dirty",
-                pct(s.hot_blocks, s.log_bytes / u64::from(s.block_size)),
-                match s.eviction {
-                    tiercache_engine::Eviction::Reinsert => "reinsert",
-                    tiercache_engine::Eviction::Fifo => "fifo (hot blocks are not kept)",
-                },
+                "{} clean, {} dirty; {} hot (read again since cached, or preloaded: {})",
                 pct(s.cached_blocks - s.dirty_blocks, s.log_bytes / u64::from(s.block_size)),
                 pct(s.dirty_blocks, s.log_bytes / u64::from(s.block_size)),
+                pct(s.hot_blocks, s.log_bytes / u64::from(s.block_size)),
+                match s.eviction {
+                    tiercache_engine::Eviction::Reinsert => "the reinsert policy keeps them",
+                    tiercache_engine::Eviction::Fifo => "the fifo policy does not keep them",
+                },
             ),
         ),
         (
@@ -342,10 +342,7 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
             ),
         ),
         ("oldest dirty", s.oldest_dirty_age_seconds.map_or("-".into(), |a| format!("{a:.1} s"))),
-        (
-            "read hit ratio",
-            s.read_hit_ratio.map_or("-".into(), |r| format!("{:.1} % since start (the last minute: below)", 100.0 * r)),
-        ),
+        ("read hit ratio", s.read_hit_ratio.map_or("-".into(), |r| format!("{:.1} % since start", 100.0 * r))),
         (
             "read misses",
             format!(
