@@ -167,6 +167,31 @@ pub fn socket_of(spec: &DeviceSpec, explicit: Option<&Path>) -> Result<PathBuf> 
     Ok(default_path(&tiercache_format::uuid_hex(&sb.uuid)))
 }
 
+/// `--cache DEVICE [--control PATH]`, flattened into every command that works on a cache a
+/// server may hold (status, flush, trace, preload): the device, and the control socket of the
+/// server holding it.
+#[derive(Debug, clap::Args)]
+pub struct CacheArgs {
+    /// The cache device: PATH, or emulated:PROFILE:PATH.
+    #[arg(long, value_name = "DEVICE")]
+    pub cache: String,
+    /// The control socket of a server started with `serve --control PATH` (the default
+    /// one is found from the cache device's UUID).
+    #[arg(long, value_name = "PATH")]
+    pub control: Option<PathBuf>,
+}
+
+impl CacheArgs {
+    pub fn spec(&self) -> Result<DeviceSpec> {
+        DeviceSpec::parse(&self.cache)
+    }
+
+    /// The control socket of the server holding `spec` (this command's cache device).
+    pub fn socket(&self, spec: &DeviceSpec) -> Result<PathBuf> {
+        socket_of(spec, self.control.as_deref())
+    }
+}
+
 /// Asks a running server to write back everything dirty, calling `progress(done, remaining)`
 /// for each batch it reports; returns how many blocks it wrote back.
 pub fn request_flush(socket: &Path, mut progress: impl FnMut(u64, u64)) -> Result<u64> {

@@ -9,7 +9,6 @@
 //! `--device-is-volume`, the operator's word for it.
 
 use crate::control;
-use crate::devices::DeviceSpec;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use indicatif::{HumanBytes, ProgressBar, ProgressStyle};
@@ -29,13 +28,8 @@ backing device in large sequential requests and enter the cache hot: reclaim kee
 the next three times the log's head reaches it, even if nothing reads it meanwhile (the head
 comes round sooner when most of the cache is hot). Preload less than the cache holds.")]
 pub struct PreloadArgs {
-    /// The cache device of the served volume: PATH, or emulated:PROFILE:PATH.
-    #[arg(long, value_name = "DEVICE")]
-    cache: String,
-    /// The control socket of a server started with `serve --control PATH` (the default
-    /// one is found from the cache device's UUID).
-    #[arg(long, value_name = "PATH")]
-    control: Option<PathBuf>,
+    #[command(flatten)]
+    target: control::CacheArgs,
     /// A byte range of the volume, OFFSET:LENGTH with units (0:1G, 512M:64K); repeatable.
     #[arg(long, value_name = "OFFSET:LENGTH")]
     range: Vec<String>,
@@ -63,8 +57,8 @@ pub fn preload_cmd(args: PreloadArgs) -> Result<()> {
     if args.range.is_empty() && args.files.is_empty() {
         bail!("nothing to preload: name files (or directories) on the volume, or --range OFFSET:LENGTH");
     }
-    let spec = DeviceSpec::parse(&args.cache)?;
-    let socket = control::socket_of(&spec, args.control.as_deref())?;
+    let spec = args.target.spec()?;
+    let socket = args.target.socket(&spec)?;
     let status = control::query_status(&socket).with_context(|| {
         format!(
             "no tiercache server answers on {} (control socket of {}): preload works through the running server",

@@ -215,13 +215,8 @@ Examples:
 
 Reads the cache device only, read-only; while a server holds it, asks the server.")]
 pub struct StatusArgs {
-    /// The cache device: PATH, or emulated:PROFILE:PATH.
-    #[arg(long, value_name = "DEVICE")]
-    cache: String,
-    /// The control socket of a server started with `serve --control PATH` (the default
-    /// one is found from the cache device's UUID).
-    #[arg(long, value_name = "PATH")]
-    control: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    target: control::CacheArgs,
     /// Print the result as JSON (for scripts) instead of text (with --watch: one JSON
     /// object per line).
     #[arg(long)]
@@ -268,7 +263,7 @@ fn print_or_quit(text: &str) -> Result<bool> {
 
 /// The status report as text (or JSON), for `status_cmd` to print.
 fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
-    let spec = DeviceSpec::parse(&args.cache)?;
+    let spec = args.target.spec()?;
     let print_json = |v: &serde_json::Value| -> Result<String> {
         Ok(if compact { format!("{v}\n") } else { format!("{}\n", serde_json::to_string_pretty(v)?) })
     };
@@ -276,7 +271,7 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         Ok(cache) => (Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?.status(), None),
         Err(e) if is_locked(&e) => {
             // A server holds the device: ask it.
-            let socket = control::socket_of(&spec, args.control.as_deref())?;
+            let socket = args.target.socket(&spec)?;
             let reply = control::query_status(&socket).with_context(|| {
                 format!("{} is in use, but no tiercache server answers on its control socket", spec.path().display())
             })?;
@@ -509,24 +504,19 @@ On a served volume the server writes back every block dirty when the flush start
 half the devices' time, while it keeps serving; Ctrl-C stops it, and what was written back
 stays clean (run it again to continue). Exits non-zero, naming them, if any block is lost.")]
 pub struct FlushArgs {
-    /// The cache device: PATH, or emulated:PROFILE:PATH.
-    #[arg(long, value_name = "DEVICE")]
-    cache: String,
+    #[command(flatten)]
+    target: control::CacheArgs,
     /// The backing device (default: the path recorded when the cache was created). Not
     /// needed when the volume is served.
     #[arg(long, value_name = "DEVICE")]
     backing: Option<String>,
-    /// The control socket of a server started with `serve --control PATH` (the default
-    /// one is found from the cache device's UUID).
-    #[arg(long, value_name = "PATH")]
-    control: Option<std::path::PathBuf>,
     /// Print the result as JSON (for scripts) instead of text.
     #[arg(long)]
     json: bool,
 }
 
 pub fn flush_cmd(args: FlushArgs) -> Result<()> {
-    let spec = DeviceSpec::parse(&args.cache)?;
+    let spec = args.target.spec()?;
     let started = std::time::Instant::now();
     let cache = match spec.open("cache") {
         Ok(cache) => cache,
@@ -556,7 +546,7 @@ pub fn flush_cmd(args: FlushArgs) -> Result<()> {
 
 /// `flush` of a served volume: the server does it, this process shows its progress.
 fn flush_online(args: &FlushArgs, spec: &DeviceSpec, started: std::time::Instant) -> Result<()> {
-    let socket = control::socket_of(spec, args.control.as_deref())?;
+    let socket = args.target.socket(spec)?;
     let pb = progress("writing back", args.json);
     let written = control::request_flush(&socket, |done, remaining| {
         pb.set_length(done + remaining);
@@ -608,13 +598,8 @@ Examples:
 The running server writes the file (gzip'd CSV, time_ns,op,offset_bytes,length_bytes), so its
 path must be writable by the server. `serve --record-trace FILE` records from the start instead.")]
 pub struct TraceArgs {
-    /// The cache device of the served volume: PATH, or emulated:PROFILE:PATH.
-    #[arg(long, value_name = "DEVICE")]
-    cache: String,
-    /// The control socket of a server started with `serve --control PATH` (the default
-    /// one is found from the cache device's UUID).
-    #[arg(long, value_name = "PATH")]
-    control: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    target: control::CacheArgs,
     /// Print the reply as JSON.
     #[arg(long)]
     json: bool,
@@ -631,8 +616,8 @@ enum TraceAction {
 }
 
 pub fn trace_cmd(args: TraceArgs) -> Result<()> {
-    let spec = DeviceSpec::parse(&args.cache)?;
-    let socket = control::socket_of(&spec, args.control.as_deref())?;
+    let spec = args.target.spec()?;
+    let socket = args.target.socket(&spec)?;
     let file = match &args.action {
         TraceAction::Start { file } => Some(file.as_path()),
         TraceAction::Stop => None,

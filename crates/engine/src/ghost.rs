@@ -47,11 +47,11 @@ impl Ghosts {
         self.filters.iter().map(|f| f.len() * 8).sum()
     }
 
-    /// The bit positions of `block` (double hashing of one 64-bit mix).
-    fn probes(&self, block: u64) -> impl Iterator<Item = u64> {
+    /// The bit positions of `block` in filters of `bits` bits (double hashing of one 64-bit
+    /// mix).
+    fn probes(bits: u64, block: u64) -> impl Iterator<Item = u64> {
         let h = (block ^ 0x5851_F42D_4C95_7F2D).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let (h1, h2) = (h >> 32, (h & 0xFFFF_FFFF) | 1);
-        let bits = self.bits;
         // (Multiply-shift range reduction of a 32-bit hash: no power-of-two size needed.)
         (0..PROBES).map(move |i| ((h1.wrapping_add(i.wrapping_mul(h2)) & 0xFFFF_FFFF) * bits) >> 32)
     }
@@ -63,9 +63,8 @@ impl Ghosts {
             self.filters[self.current].fill(0);
             self.inserted = 0;
         }
-        let probes: Vec<u64> = self.probes(block).collect();
         let f = &mut self.filters[self.current];
-        for p in probes {
+        for p in Self::probes(self.bits, block) {
             f[(p / 64) as usize] |= 1 << (p % 64);
         }
         self.inserted += 1;
@@ -74,7 +73,7 @@ impl Ghosts {
     /// Whether `block` was evicted within the last one to two generations of evictions (or,
     /// about once in 500, a block that was not).
     pub fn contains(&self, block: u64) -> bool {
-        self.filters.iter().any(|f| self.probes(block).all(|p| f[(p / 64) as usize] & (1 << (p % 64)) != 0))
+        self.filters.iter().any(|f| Self::probes(self.bits, block).all(|p| f[(p / 64) as usize] & (1 << (p % 64)) != 0))
     }
 }
 

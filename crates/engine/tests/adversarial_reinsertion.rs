@@ -251,6 +251,17 @@ fn hold_reclaim_at(r: &Rig, at: At, kept: u64) -> usize {
 // 1. A kept block's copy dropped (TRIM, rotten copy found by a reader) while reclaim carries
 //    it forward, then written around: does the copy come back after a power cut?
 
+/// What `drop_during_reinsertion_then_write_around` returned shows B reading the data written
+/// around it (version 2), live and after FLUSH and a power cut.
+fn written_around_data_survives((live, recovered, went_around): (u64, u64, u64)) {
+    assert_eq!(live, 2);
+    assert_eq!(
+        recovered, live,
+        "after FLUSH and a power cut B reads the reinserted clean copy, not the data written around \
+         ({went_around} blocks went around)"
+    );
+}
+
 /// Reinsertion of B held at `at`; `race` runs meanwhile; then B and B + 1 are written around
 /// (version 2), FLUSH, power cut. Returns (live version, recovered version, blocks written
 /// around).
@@ -289,14 +300,9 @@ fn a_trim_during_the_reclaim_record_write_or_flush_does_not_resurrect_the_reinse
     // (Also with the TRIM landing while the reclaim record's cache flush is held: the same
     // failure on 9d61be1, version 0 after the power cut.)
     for at in [At::RecordWrite, At::CacheFlush] {
-        let (live, recovered, went_around) =
-            drop_during_reinsertion_then_write_around(at, |r| r.v.discard(B * BS as u64, BS as u64).unwrap());
-        assert_eq!(live, 2);
-        assert_eq!(
-            recovered, live,
-            "after FLUSH and a power cut B reads the reinserted clean copy, not the data written around \
-             ({went_around} blocks went around)"
-        );
+        written_around_data_survives(drop_during_reinsertion_then_write_around(at, |r| {
+            r.v.discard(B * BS as u64, BS as u64).unwrap()
+        }));
     }
 }
 
@@ -308,18 +314,12 @@ fn a_trim_during_the_reclaim_record_write_or_flush_does_not_resurrect_the_reinse
 // BUG: the recovered volume reads version 0 instead of 2.
 #[test]
 fn a_rotten_old_copy_found_by_a_reader_during_the_reclaim_record_write_does_not_resurrect_the_reinserted_copy() {
-    let (live, recovered, went_around) = drop_during_reinsertion_then_write_around(At::RecordWrite, |r| {
+    written_around_data_survives(drop_during_reinsertion_then_write_around(At::RecordWrite, |r| {
         let old = r.layout.log_offset(position(&r.v, B));
         r.cache.corrupt(old, &vec![0xEE; BS]);
         assert_eq!(ver(&r.v, B), 0, "the backing device's copy is served");
         assert_eq!(slot_of(&r.v, B), None, "the rotten copy left the index");
-    });
-    assert_eq!(live, 2);
-    assert_eq!(
-        recovered, live,
-        "after FLUSH and a power cut B reads the reinserted clean copy, not the data written around \
-         ({went_around} blocks went around)"
-    );
+    }));
 }
 
 // Suspicion: a TRIM between `read_copies` and the seal: the copy must be dropped from the record

@@ -53,50 +53,54 @@ impl Volume {
             done += c.n * bs;
             Ok((c.buf, progress(done)))
         };
-        let stop = AtomicBool::new(false);
+        // Reads one chunk (its plan and its blocks from the backing device).
+        let read_chunk = |first: u64, mut buf: AlignedBuf| -> Result<Chunk> {
+            let n = (end / bs - first).min(chunk);
+            let (plan, counted) = self.preload_read(first, &mut buf[..(n * bs) as usize])?;
+            Ok(Chunk { first, buf, n, plan, counted })
+        };
+        let starts = (start / bs..end / bs).step_by(chunk as usize);
+        let new_buf = || AlignedBuf::new((chunk * bs) as usize);
         let result = if tiercache_sched::in_simulation() {
             // (The simulator runs one thread at a time, its own: no read-ahead thread.)
-            let mut buf = AlignedBuf::new((chunk * bs) as usize);
-            let mut first = start / bs;
-            loop {
-                if first == end / bs {
-                    break Ok(());
+            let mut buf = Some(new_buf());
+            let mut outcome = Ok(());
+            for first in starts {
+                match read_chunk(first, buf.take().expect("given back")).and_then(|c| admit(c, &mut report)) {
+                    Ok((b, go_on)) => {
+                        buf = Some(b);
+                        if !go_on {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        outcome = Err(e);
+                        break;
+                    }
                 }
-                let n = (end / bs - first).min(chunk);
-                let read = self.preload_read(first, &mut buf[..(n * bs) as usize]);
-                let (plan, counted) = match read {
-                    Ok(r) => r,
-                    Err(e) => break Err(e),
-                };
-                match admit(Chunk { first, buf, n, plan, counted }, &mut report) {
-                    Ok((b, true)) => buf = b,
-                    Ok((_, false)) => break Ok(()),
-                    Err(e) => break Err(e),
-                }
-                first += n;
             }
+            outcome
         } else {
+            let stop = AtomicBool::new(false);
             std::thread::scope(|scope| {
                 // (Depth 1: one chunk read ahead while one is admitted; two buffers in all.)
                 let (read_tx, read_rx) = std::sync::mpsc::sync_channel::<Result<Chunk>>(1);
                 let (buf_tx, buf_rx) = std::sync::mpsc::channel::<AlignedBuf>();
                 for _ in 0..2 {
-                    buf_tx.send(AlignedBuf::new((chunk * bs) as usize)).expect("receiver alive");
+                    buf_tx.send(new_buf()).expect("receiver alive");
                 }
-                let stop = &stop;
+                let (stop, read_chunk) = (&stop, &read_chunk);
                 scope.spawn(move || {
-                    let mut first = start / bs;
-                    while first < end / bs && !stop.load(Ordering::Relaxed) {
-                        let Ok(mut buf) = buf_rx.recv() else { return };
-                        let n = (end / bs - first).min(chunk);
-                        let read = self
-                            .preload_read(first, &mut buf[..(n * bs) as usize])
-                            .map(|(plan, counted)| Chunk { first, buf, n, plan, counted });
+                    for first in starts {
+                        if stop.load(Ordering::Relaxed) {
+                            return;
+                        }
+                        let Ok(buf) = buf_rx.recv() else { return };
+                        let read = read_chunk(first, buf);
                         let failed = read.is_err();
                         if read_tx.send(read).is_err() || failed {
                             return;
                         }
-                        first += n;
                     }
                 });
                 let mut outcome = Ok(());
