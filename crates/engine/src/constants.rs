@@ -52,6 +52,10 @@ pub const WRITE_AROUND_YIELD_MAX_PERMILLE: u64 = 900;
 /// A cached read is one scatter I/O across at most this many skipped log slots (the record
 /// headers between the runs of a request's blocks: 8 cover a 4 MiB request).
 pub const MAX_SKIPPED_SLOTS: usize = 8;
+/// Write-back and copy-forward read a stretch of log slots in one scatter I/O through gaps
+/// of up to this many slots they do not need (record headers, clean or stale blocks): 32 KiB
+/// more transfer costs less than another I/O's latency on every device profile.
+pub const MAX_READ_THROUGH_SLOTS: usize = 8;
 
 /// A sequential read stream's misses past this many bytes bypass admission (`streams.rs`):
 /// 2 MiB lets a database's read-ahead of an extent or two in, and keeps a scan out.

@@ -14,6 +14,9 @@
 //! - `a_sequential_scan_leaves_the_hot_set_cached`: a scan of the whole volume (a long
 //!   sequential read stream) is not admitted past `sequential_bypass_bytes`, so the hot set's
 //!   hit ratio afterwards is what it was before (and with the bypass off, it is not);
+//! - `a_write_back_reads_the_log_through_small_gaps_in_one_io`: write-back reads a stretch
+//!   of the log holding its blocks between stale slots and record headers with one scatter
+//!   read, not one read per run of consecutive slots;
 //! - `concurrent_writers_requests_land_in_consecutive_slots`: a request's blocks are staged
 //!   together, so they lie in consecutive log slots however many writers stage at once (and a
 //!   later read of them is one I/O per record).
@@ -184,6 +187,31 @@ fn a_writer_that_must_write_back_does_it_in_batches() {
         volume.read(b * BS as u64, &mut one).unwrap();
         assert_eq!(one, stamp(b, if b < 600 { 1 } else { 2 }), "block {b}");
     }
+}
+
+#[test]
+fn a_write_back_reads_the_log_through_small_gaps_in_one_io() {
+    let (cache, backing, volume) = volume();
+    // 288 dirty blocks in nine records (a FLUSH after each 32, so a header between records),
+    // then every fourth of them rewritten: the first stretch of the log holds the batch's
+    // blocks with a stale slot or a header between every few.
+    write_run(&volume, 0, 288, 1);
+    for b in (0..288).step_by(4) {
+        volume.write(b * BS as u64, &stamp(b, 2)).unwrap();
+    }
+    volume.flush().unwrap();
+    let c0 = cache.stats();
+    assert_eq!(volume.destage_step(4096).unwrap(), 288);
+    let (reads, _, _) = delta(cache.stats(), c0);
+    // One scatter read for the first stretch (216 blocks, 81 slots skipped), one for the
+    // rewritten 72 blocks; one per run of consecutive slots would be about a hundred.
+    assert!(reads <= 2, "writing back 288 dirty blocks took {reads} cache reads");
+    let mut one = vec![0u8; BS];
+    for b in 0..288 {
+        backing.read_at(b * BS as u64, &mut one).unwrap();
+        assert_eq!(one, stamp(b, if b % 4 == 0 { 2 } else { 1 }), "block {b} on the backing device");
+    }
+    assert_eq!(volume.status().dirty_blocks, 0);
 }
 
 #[test]

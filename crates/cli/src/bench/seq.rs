@@ -169,6 +169,12 @@ struct Row {
     goal: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     goal_met: Option<bool>,
+    /// Writes meeting dirty data, when the cache and backing files share one disk: the rate
+    /// that disk allows, from the same run (each block written costs a log write, a log read
+    /// and a backing write there: `1 / (1/E + 1/Rc + 1/Wb)`, E the empty-cache write at this
+    /// size and depth, Rc and Wb the best raw cache read and backing write of the run).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    shared_disk_bound_mib_per_second: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -179,6 +185,8 @@ struct SeqReport {
     backing_bytes: u64,
     bytes_per_case: u64,
     rounds: u32,
+    /// Both devices are files on the same disk (their I/O shares its bandwidth).
+    shared_disk: bool,
     rows: Vec<Row>,
 }
 
@@ -285,6 +293,7 @@ pub fn run(args: SeqArgs) -> Result<()> {
         None => p.display().to_string(),
     };
 
+    let shared_disk = devices.emulated.is_none() && same_disk(&devices.cache, &devices.backing);
     let selected = |c: &Case| args.cases.is_empty() || args.cases.contains(c);
     let combos: Vec<(u64, u32)> =
         args.request_sizes.iter().flat_map(|&r| args.queue_depths.iter().map(move |&q| (r, q))).collect();
@@ -305,6 +314,20 @@ pub fn run(args: SeqArgs) -> Result<()> {
         }
     }
 
+    // The best raw cache read and backing write of the run, at any size and depth: write-back
+    // reads the log and writes the backing device in batches of many MiB.
+    let best = |case: Case| {
+        let c = Case::ALL.iter().position(|x| *x == case).expect("listed");
+        passes
+            .iter()
+            .filter_map(|p| {
+                let mut v: Vec<f64> = p[c].iter().map(|x| x.mib_per_second).collect();
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied()
+            })
+            .max_by(f64::total_cmp)
+    };
+    let best_raw = best(Case::RawCacheRead).zip(best(Case::RawBackingWrite));
     let mut rows = Vec::new();
     for (k, &(request, qd)) in combos.iter().enumerate() {
         let median_of = |c: usize| {
@@ -327,6 +350,12 @@ pub fn run(args: SeqArgs) -> Result<()> {
                 None => (None, None, None),
             };
             let backing_write = median_of(index_of(Case::RawBackingWrite));
+            let shared_disk_bound = match (case, shared_disk, median_of(index_of(Case::WriteEmpty)), best_raw) {
+                (Case::WriteOverDirty, true, Some(empty), Some((rc, wb))) => {
+                    Some(round1(1.0 / (1.0 / empty + 1.0 / rc + 1.0 / wb)))
+                }
+                _ => None,
+            };
             let goal_met = match (case, ratio, goal) {
                 // The bar for writes meeting dirty data: half the empty-cache rate, or 0.8 of
                 // the backing device's write rate where that is lower.
@@ -349,6 +378,7 @@ pub fn run(args: SeqArgs) -> Result<()> {
                 ratio,
                 goal,
                 goal_met,
+                shared_disk_bound_mib_per_second: shared_disk_bound,
             });
         }
     }
@@ -359,6 +389,7 @@ pub fn run(args: SeqArgs) -> Result<()> {
         backing_bytes,
         bytes_per_case: args.bytes,
         rounds: args.rounds,
+        shared_disk,
         rows,
     };
     if args.json {
@@ -392,7 +423,45 @@ pub fn run(args: SeqArgs) -> Result<()> {
         ]);
     }
     print!("{}", t.render());
+    let bounds: Vec<String> = report
+        .rows
+        .iter()
+        .filter_map(|r| {
+            let bound = r.shared_disk_bound_mib_per_second?;
+            Some(format!(
+                "{} KiB QD{}: {:.0} MiB/s, {:.2} of the bound",
+                r.request_bytes / 1024,
+                r.queue_depth,
+                bound,
+                r.mib_per_second / bound
+            ))
+        })
+        .collect();
+    if report.shared_disk {
+        println!(
+            "\nThe cache and backing files share one disk. A write meeting dirty data at the log head\n\
+             costs a log write, a log read and a backing write of the block it replaces, all on that\n\
+             disk. The run bounds it at 1 / (1/E + 1/Rc + 1/Wb), E the empty-cache write at that size\n\
+             and depth, Rc and Wb the best raw cache read and backing write:"
+        );
+        if bounds.is_empty() {
+            println!("  (run the write-empty, raw-cache-read and raw-backing-write cases to see it)");
+        }
+        for b in bounds {
+            println!("  {b}");
+        }
+    }
     Ok(())
+}
+
+/// Whether two files lie on the same disk (the same file system device): their I/O then
+/// shares one device's bandwidth. Block devices are never "the same disk" here.
+fn same_disk(a: &Path, b: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(x), Ok(y)) => x.is_file() && y.is_file() && x.dev() == y.dev(),
+        _ => false,
+    }
 }
 
 /// Runs one case on freshly opened devices (a fresh format for the hybrid cases).

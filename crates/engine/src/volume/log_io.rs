@@ -14,35 +14,47 @@ impl Volume {
         Ok(())
     }
 
-    /// Reads the blocks in log slots `slots` into `out` (block `k` from `slots[k]`), with one
-    /// I/O per run of consecutive slots, in slot order whatever order `slots` is in: write-back
-    /// batches and copy-forward read whole stretches of the log, not 4 KiB at a time.
+    /// Reads the blocks in log slots `slots` into `out` (block `k` from `slots[k]`), in slot
+    /// order whatever order `slots` is in, with one scatter I/O per stretch of slots whose
+    /// gaps are at most `MAX_READ_THROUGH_SLOTS` (a record header, a few blocks not wanted):
+    /// write-back batches and copy-forward read whole stretches of the log, not one I/O per
+    /// record. A skipped slot is read into a scratch block and never looked at.
     pub(super) fn read_slots(&self, slots: &[u32], out: &mut [u8]) -> std::result::Result<(), DeviceError> {
         let bs = self.bs;
+        debug_assert_eq!(out.len(), slots.len() * bs);
         let mut order: Vec<usize> = (0..slots.len()).collect();
         order.sort_unstable_by_key(|&k| slots[k]);
-        let mut scratch: Option<AlignedBuf> = None;
+        let mut blocks: Vec<Option<&mut [u8]>> = out.chunks_mut(bs).map(Some).collect();
         let mut i = 0;
         while i < order.len() {
             let start = i;
+            let mut skipped = 0usize;
             i += 1;
-            while i < order.len() && slots[order[i]] == slots[order[start]] + (i - start) as u32 {
+            while i < order.len() {
+                let gap = (slots[order[i]] - slots[order[i - 1]]) as usize - 1;
+                // (A slot never repeats among live blocks; the stretch ends there if it did.)
+                if slots[order[i]] == slots[order[i - 1]] || gap > MAX_READ_THROUGH_SLOTS {
+                    break;
+                }
+                skipped += gap;
                 i += 1;
             }
-            let run = &order[start..i];
-            let offset = self.layout.log_offset(u64::from(slots[run[0]]));
-            if run.windows(2).all(|w| w[1] == w[0] + 1) {
-                // Laid out in `out` as on the device: read in place.
-                self.cache.read_at(offset, &mut out[run[0] * bs..(run[0] + run.len()) * bs])?;
-                continue;
+            let mut scratch = (skipped > 0).then(|| AlignedBuf::new(skipped * bs));
+            let mut skip_blocks = scratch.iter_mut().flat_map(|s| s.chunks_mut(bs));
+            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(i - start + skipped);
+            for j in start..i {
+                if j > start {
+                    for _ in slots[order[j - 1]] + 1..slots[order[j]] {
+                        bufs.push(skip_blocks.next().expect("one scratch block per skipped slot"));
+                    }
+                }
+                bufs.push(blocks[order[j]].take().expect("each block is read once"));
             }
-            if scratch.as_ref().is_none_or(|b| b.len() < run.len() * bs) {
-                scratch = Some(AlignedBuf::new(run.len() * bs));
-            }
-            let scratch = scratch.as_mut().expect("allocated above");
-            self.cache.read_at(offset, &mut scratch[..run.len() * bs])?;
-            for (j, &k) in run.iter().enumerate() {
-                out[k * bs..(k + 1) * bs].copy_from_slice(&scratch[j * bs..(j + 1) * bs]);
+            let offset = self.layout.log_offset(u64::from(slots[order[start]]));
+            if bufs.len() == 1 {
+                self.cache.read_at(offset, bufs[0])?;
+            } else {
+                self.cache.read_vectored_at(offset, &mut bufs)?;
             }
         }
         Ok(())
