@@ -4,7 +4,9 @@
 //! Fixed newstyle handshake with NBD_OPT_EXPORT_NAME, INFO, GO (export size, flags, block size
 //! constraints), LIST and ABORT; TLS and structured replies are answered "unsupported".
 //! Transmission: READ, WRITE (with FUA), FLUSH, TRIM, WRITE_ZEROES, DISC; several requests in
-//! flight per connection (a reader thread and a bounded pool of workers), several connections
+//! flight per connection (a reader thread and a bounded pool of workers; a request with nothing
+//! else under way and nothing more sent runs on the reader itself, since handing it to a worker
+//! costs a thread wake-up as long as a small request; a READ's reply is one `writev`), several connections
 //! (CAN_MULTI_CONN: a FLUSH on any connection covers writes completed on all of them, because
 //! they share one volume).
 //!
@@ -65,6 +67,8 @@ trait Stream: Read + Write + Send + 'static {
     fn try_clone_box(&self) -> io::Result<Box<dyn Stream>>;
     fn shutdown_both(&self);
     fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
+    /// Bytes the client has sent that are not read yet (FIONREAD).
+    fn pending_bytes(&self) -> io::Result<u64>;
 }
 
 // Unix and TCP streams have the same inherent methods but no common trait for them.
@@ -79,6 +83,9 @@ macro_rules! impl_stream {
             }
             fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
                 self.set_read_timeout(t)
+            }
+            fn pending_bytes(&self) -> io::Result<u64> {
+                Ok(rustix::io::ioctl_fionread(self)?)
             }
         }
     };
@@ -319,6 +326,8 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
     let (tx, rx) = mpsc::sync_channel::<Job>(config.workers_per_connection * 2);
     let rx = Mutex::new(rx);
     let dead = AtomicBool::new(false);
+    // Requests handed to the workers and not yet replied to.
+    let busy = AtomicUsize::new(0);
     std::thread::scope(|scope| -> io::Result<()> {
         for _ in 0..config.workers_per_connection.max(1) {
             scope.spawn(|| loop {
@@ -329,31 +338,33 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
                     Err(_) => break,
                 };
                 let held = job.budget;
-                if dead.load(Ordering::Relaxed) {
-                    budget.give(held);
-                    continue;
-                }
-                if execute(job, backend, &writer).is_err() {
+                if !dead.load(Ordering::Relaxed) && execute(job, backend, &writer).is_err() {
                     // The client went away: wake the reader (its read fails) and discard the rest.
                     dead.store(true, Ordering::Relaxed);
                     writer.lock().expect("writer").shutdown_both();
                 }
                 budget.give(held);
+                busy.fetch_sub(1, Ordering::AcqRel);
             });
         }
-        let result = transmission(&mut *stream, backend, &writer, &tx, budget);
+        let result = transmission(&mut *stream, backend, &writer, &tx, budget, &busy);
         drop(tx); // workers finish the queued requests, then stop
         result
     })
 }
 
-/// Reads requests and hands them to the workers, until DISC or EOF.
+/// Reads requests until DISC or EOF, and runs each: itself when nothing else is under way on
+/// the connection and the client has sent nothing more (a client waiting for this reply, the
+/// common case of a database's synchronous write and flush: no hand-off to another thread,
+/// whose wake-up costs as much as a small request), or else on a worker, so that requests a
+/// client pipelines run side by side.
 fn transmission(
     s: &mut dyn Stream,
     backend: &dyn ByteIo,
     writer: &Mutex<Box<dyn Stream>>,
     tx: &mpsc::SyncSender<Job>,
     budget: &Budget,
+    busy: &AtomicUsize,
 ) -> io::Result<()> {
     let size = backend.size_bytes();
     loop {
@@ -400,7 +411,16 @@ fn transmission(
         } else {
             held
         };
-        if let Err(mpsc::SendError(job)) = tx.send(Job { req, data, budget: held }) {
+        let job = Job { req, data, budget: held };
+        if busy.load(Ordering::Acquire) == 0 && s.pending_bytes()? == 0 {
+            let result = execute(job, backend, writer);
+            budget.give(held);
+            result?;
+            continue;
+        }
+        busy.fetch_add(1, Ordering::AcqRel);
+        if let Err(mpsc::SendError(job)) = tx.send(job) {
+            busy.fetch_sub(1, Ordering::AcqRel);
             budget.give(job.budget);
             return Ok(());
         }
@@ -425,11 +445,23 @@ fn execute(job: Job, backend: &dyn ByteIo, writer: &Mutex<Box<dyn Stream>>) -> i
     };
     let mut w = writer.lock().expect("writer");
     match (result, data) {
-        (Ok(()), Some(buf)) => {
-            w.write_all(&encode_simple_reply(0, r.cookie))?;
-            w.write_all(&buf)
-        }
+        (Ok(()), Some(buf)) => write_all_vectored(&mut **w, &encode_simple_reply(0, r.cookie), &buf),
         (Ok(()), None) => w.write_all(&encode_simple_reply(0, r.cookie)),
         (Err(e), _) => w.write_all(&encode_simple_reply(reply_error(e.get()), r.cookie)),
     }
+}
+
+/// A reply header and its data in one system call where the socket takes them at once.
+fn write_all_vectored(w: &mut dyn Stream, header: &[u8], data: &[u8]) -> io::Result<()> {
+    let mut slices = [io::IoSlice::new(header), io::IoSlice::new(data)];
+    let mut bufs = &mut slices[..];
+    while !bufs.is_empty() {
+        match w.write_vectored(bufs) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => io::IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }

@@ -437,7 +437,7 @@ pub fn run(args: SeqArgs) -> Result<()> {
             ))
         })
         .collect();
-    if report.shared_disk {
+    if report.shared_disk && report.rows.iter().any(|r| r.case == Case::WriteOverDirty) {
         println!(
             "\nThe cache and backing files share one disk. A write meeting dirty data at the log head\n\
              costs a log write, a log read and a backing write of the block it replaces, all on that\n\
