@@ -161,7 +161,7 @@ fn requests_a_client_pipelines_still_run_side_by_side() {
     let mut both = request(0, 1, 0, 4096);
     both.extend_from_slice(&request(0, 2, 4096, 4096));
     c.write_all(&both).unwrap();
-    let mut cookies = vec![reply(&mut c, 4096), reply(&mut c, 4096)];
+    let mut cookies = [reply(&mut c, 4096), reply(&mut c, 4096)];
     cookies.sort_by_key(|r| r.1);
     assert_eq!((cookies[0].0, cookies[0].1), (0, 1), "the first read failed: it waited alone");
     assert_eq!((cookies[1].0, cookies[1].1), (0, 2));
