@@ -56,6 +56,17 @@ pub struct FsyncArgs {
     /// overwritten.
     #[arg(long)]
     destructive: bool,
+    /// Measure end to end instead, the way a database sees the volume: ext4 on a loop device
+    /// over the FUSE file (`fuse`) or over NBD through nbdfuse (`nbd`) of a `tiercache serve`
+    /// this command starts, against ext4 on a loop device over a raw file on the same disk;
+    /// write 4 KiB + fdatasync by 1 and 16 committers, and 4 KiB random reads at QD1 and 16,
+    /// with device flushes per fsync. Needs root; everything is torn down afterwards.
+    #[arg(long, value_enum, conflicts_with_all = ["targets", "cache", "backing"])]
+    through: Option<super::through::Through>,
+    /// With --through: where the work directory goes (default /var/tmp); its files are about
+    /// 2 GiB, one disk (the reference and the cache file share it).
+    #[arg(long, value_name = "DIR", requires = "through")]
+    dir: Option<PathBuf>,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -216,6 +227,15 @@ fn path_runners(path: &Path) -> Result<Vec<Runner>> {
 }
 
 pub fn run(args: FsyncArgs) -> Result<()> {
+    if let Some(through) = args.through {
+        return super::through::run_through(super::through::Options {
+            through,
+            seconds: args.seconds,
+            rounds: args.rounds,
+            dir: args.dir,
+            json: args.json,
+        });
+    }
     let specs: Vec<String> = if args.targets.is_empty() && args.cache.is_none() {
         DEFAULT_TARGETS.iter().map(|s| s.to_string()).collect()
     } else {

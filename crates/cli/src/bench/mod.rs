@@ -5,6 +5,7 @@ mod fsync;
 mod randwrite;
 mod recovery;
 mod seq;
+mod through;
 
 use clap::Subcommand;
 
@@ -26,6 +27,8 @@ Examples:
   tiercache bench fsync --seconds 5 --json               machine-readable results
   tiercache bench fsync --target emulated:hdd            one emulated profile
   fallocate -l 64M /mnt/fast/bench.img && tiercache bench fsync --target /mnt/fast/bench.img
+  sudo tiercache bench fsync --through fuse --seconds 20   ext4 on the FUSE file vs on a raw file
+  sudo tiercache bench fsync --through nbd --seconds 20    the same through NBD (nbdfuse)
 
 Emulated profiles: optane, nvme, sata-raid5, hdd, usb-disk (see docs/devices.md).")]
     Fsync(fsync::FsyncArgs),
