@@ -26,6 +26,10 @@ use tiercache_frontend::ByteIo;
 /// The name of the one file in the mount.
 pub const FILE_NAME: &str = "volume";
 const FILE_INO: INodeNo = INodeNo(2);
+/// Threads reading FUSE requests (each on its own cloned /dev/fuse descriptor).
+const FUSE_THREADS: usize = 16;
+/// Asynchronous requests the kernel keeps in flight to us.
+const MAX_BACKGROUND: u16 = 64;
 /// Attributes never change (size is fixed), so the kernel may cache them.
 const TTL: Duration = Duration::from_secs(3600);
 
@@ -83,6 +87,13 @@ impl VolumeFs {
 impl Filesystem for VolumeFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         let _ = config.set_max_write(1 << 20);
+        // A loop device with direct I/O submits asynchronous reads and writes: with ASYNC_DIO
+        // the kernel sends each to us at once instead of one at a time per submitter, and up
+        // to `max_background` of them may wait here together, so the volume sees the queue
+        // depth the file system above it has.
+        let _ = config.add_capabilities(fuser::InitFlags::FUSE_ASYNC_DIO);
+        let _ = config.set_max_background(MAX_BACKGROUND);
+        let _ = config.set_congestion_threshold(MAX_BACKGROUND * 3 / 4);
         Ok(())
     }
 
@@ -272,7 +283,9 @@ pub fn mount(volume: Arc<dyn ByteIo>, mountdir: &std::path::Path) -> std::io::Re
         fuser::MountOption::Subtype("tiercache".into()),
         fuser::MountOption::DefaultPermissions,
     ];
-    config.n_threads = Some(4);
+    // Requests block in the volume (a cache-device read, a FLUSH): one thread per request in
+    // flight, up to the queue depth a loop device or a database's committers bring.
+    config.n_threads = Some(FUSE_THREADS);
     config.clone_fd = true;
     fuser::spawn_mount(VolumeFs::new(volume), mountdir, &config)
 }
