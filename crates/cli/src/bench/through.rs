@@ -133,7 +133,13 @@ impl Stack {
     fn build_fs(&mut self, file: &Path) -> Result<()> {
         let dev = run(Command::new("losetup").args(["--direct-io=on", "--show", "-f"]).arg(file))?;
         self.loop_dev = Some(dev.clone());
-        run(Command::new("mkfs.ext4").args(["-q", "-F", "-E", "nodiscard,lazy_itable_init=0,lazy_journal_init=0", &dev]))?;
+        run(Command::new("mkfs.ext4").args([
+            "-q",
+            "-F",
+            "-E",
+            "nodiscard,lazy_itable_init=0,lazy_journal_init=0",
+            &dev,
+        ]))?;
         std::fs::create_dir_all(&self.mount)?;
         run(Command::new("mount").arg(&dev).arg(&self.mount))?;
         self.mounted = true;
@@ -163,8 +169,13 @@ impl Stack {
     fn cache_flushes(&self) -> Option<u64> {
         let (cache, control) = self.control.as_ref()?;
         let exe = std::env::current_exe().ok()?;
-        let out =
-            Command::new(exe).args(["status", "--json", "--cache"]).arg(cache).arg("--control").arg(control).output().ok()?;
+        let out = Command::new(exe)
+            .args(["status", "--json", "--cache"])
+            .arg(cache)
+            .arg("--control")
+            .arg(control)
+            .output()
+            .ok()?;
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
         v["counters"]["cache_flushes"].as_u64()
     }
@@ -269,6 +280,7 @@ fn slice(stack: &Stack, commit: bool, threads: usize, seconds: f64) -> Result<Sl
 }
 
 pub fn run_through(o: Options) -> Result<()> {
+    // SAFETY: geteuid has no preconditions and touches no memory.
     if unsafe { libc::geteuid() } != 0 {
         bail!("--through needs root: it attaches loop devices and mounts ext4 (run with sudo)");
     }
