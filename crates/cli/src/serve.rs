@@ -21,7 +21,7 @@ use tiercache_device::MonotonicClock;
 use tiercache_engine::{Background, Counters, Volume, VolumeOptions};
 
 #[derive(Debug, Args)]
-#[command(group = clap::ArgGroup::new("frontend").args(["nbd", "fuse"]).multiple(true))]
+#[command(group = clap::ArgGroup::new("frontend").args(["nbd", "fuse", "ublk"]).multiple(true))]
 #[command(after_help = "\
 Examples:
   tiercache serve --cache /dev/nvme0n1p1 --backing /dev/md0 --nbd unix:/run/tc.sock
@@ -29,6 +29,7 @@ Examples:
   tiercache serve --config /etc/tiercache/db.toml                      (see docs/operations.md)
   tiercache serve --config /etc/tiercache/db.toml --dirty-high 50      (a flag overrides the file)
   tiercache serve --passthrough /dev/nvme0n1p1 --nbd unix:/run/raw.sock (no cache: a baseline)
+  tiercache serve --cache /dev/nvme0n1p1 --backing /dev/md0 --ublk --ublk-id 0   (/dev/ublkb0)
   qemu-io -f raw nbd+unix:///tiercache?socket=/run/tc.sock -c 'write -P 0xab 0 64k'
 
 A config file is TOML with the flags' names as keys, e.g.:
@@ -62,6 +63,21 @@ pub struct ServeArgs {
     /// Serve the volume as the file MOUNTDIR/volume through FUSE (for losetup --direct-io=on).
     #[arg(long, value_name = "MOUNTDIR")]
     fuse: Option<PathBuf>,
+    /// Serve the volume as the block device /dev/ublkbN (Linux 6.0+, `modprobe ublk_drv`):
+    /// the fastest frontend, no socket in the path. FLUSH and FUA reach the volume's flush.
+    #[arg(long)]
+    ublk: bool,
+    /// With --ublk: the device number N (default: the next free one). If /dev/ublkbN was left
+    /// by a server killed without removing it, this server re-attaches to it, and requests
+    /// queued meanwhile run (a file system mounted on it survives the restart).
+    #[arg(long, value_name = "N", requires = "ublk")]
+    ublk_id: Option<u32>,
+    /// With --ublk: hardware queues, one serving thread each (default: one per core).
+    #[arg(long, value_name = "N", requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=64))]
+    ublk_queues: Option<u16>,
+    /// With --ublk: requests in flight per queue (default 64).
+    #[arg(long, value_name = "N", requires = "ublk", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    ublk_depth: Option<u16>,
     /// The NBD export name (clients may also ask for ""). Default: tiercache.
     #[arg(long)]
     export_name: Option<String>,
@@ -307,8 +323,8 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let (Some(cache_spec), Some(backing_spec)) = (args.cache.clone(), args.backing.clone()) else {
         bail!("give the cache and backing devices: --cache DEVICE --backing DEVICE (or cache and backing in --config FILE)");
     };
-    if args.nbd.is_empty() && args.fuse.is_none() {
-        bail!("nothing to serve: give --nbd ENDPOINT and/or --fuse MOUNTDIR");
+    if args.nbd.is_empty() && args.fuse.is_none() && !args.ublk {
+        bail!("nothing to serve: give --nbd ENDPOINT, --fuse MOUNTDIR and/or --ublk");
     }
     if let Some(dir) = &args.fuse {
         check_mount_dir(dir)?;
@@ -367,6 +383,38 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         endpoints.push(format!("trace {}", path.display()));
     }
     let backend: Arc<dyn tiercache_frontend::ByteIo> = Arc::clone(&observed) as _;
+    let ublk_stop = Arc::new(AtomicBool::new(false));
+    let ublk_thread = if args.ublk {
+        let defaults = tiercache_ublk::Options::default();
+        let options = tiercache_ublk::Options {
+            id: args.ublk_id,
+            queues: args.ublk_queues.unwrap_or(defaults.queues),
+            depth: args.ublk_depth.unwrap_or(defaults.depth),
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let (backend, stop) = (Arc::clone(&backend), Arc::clone(&ublk_stop));
+        let thread = std::thread::Builder::new().name("ublk".into()).spawn(move || {
+            tiercache_ublk::serve(backend, &options, stop, move |path| {
+                let _ = tx.send(path.to_string());
+            })
+        })?;
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(path) => {
+                tracing::info!(device = %path, "serving ublk");
+                endpoints.push(format!("ublk {path}"));
+            }
+            Err(_) => {
+                ublk_stop.store(true, Ordering::Relaxed);
+                return match thread.join() {
+                    Ok(Err(e)) => Err(e.into()),
+                    _ => Err(anyhow::anyhow!("the ublk device did not come up within 30 s")),
+                };
+            }
+        }
+        Some(thread)
+    } else {
+        None
+    };
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
         started: std::time::Instant::now(),
@@ -460,6 +508,15 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     }
     tracing::info!("stopping: disconnecting clients");
     notify(&[NotifyState::Stopping, NotifyState::Status("stopping: disconnecting clients, making everything durable")]);
+    // The ublk device: the volume flushed, then /dev/ublkbN removed.
+    ublk_stop.store(true, Ordering::Relaxed);
+    if let Some(t) = ublk_thread {
+        match t.join() {
+            Ok(Err(e)) => tracing::warn!(error = %e, "ublk"),
+            Err(_) => tracing::warn!("the ublk thread panicked"),
+            Ok(Ok(())) => tracing::info!("ublk device removed"),
+        }
+    }
     nbd_stop.store(true, Ordering::Relaxed);
     for t in threads {
         if let Ok(Err(e)) = t.join() {

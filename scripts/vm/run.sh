@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Boots the test VM (scripts/vm/build.sh) and runs one script of this tree inside it:
+#
+#   scripts/vm/run.sh [--dir DIR] [--mem MiB] [--disk NAME:SIZE].. SCRIPT [--out DIR]
+#
+# SCRIPT is a path relative to the repository root (the guest sees the tree read-only at /host,
+# and a results folder at /out); each --disk adds a virtio disk (/dev/vda, /dev/vdb, ... in
+# order) backed by a sparse file of SIZE. Prints the guest's console, and exits with SCRIPT's
+# exit code (or 99 if the guest never ran it). qemu runs with software emulation (TCG).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+DIR=/var/tmp/tiercache-vm; MEM=3072; OUT=""; DISKS=(); SCRIPT=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --dir) DIR=$2; shift 2 ;;
+        --mem) MEM=$2; shift 2 ;;
+        --disk) DISKS+=("$2"); shift 2 ;;
+        --out) OUT=$2; shift 2 ;;
+        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+        *) SCRIPT=$1; shift ;;
+    esac
+done
+[ -n "$SCRIPT" ] && [ -f "$SCRIPT" ] || { echo "vm/run: no script $SCRIPT in $(pwd)" >&2; exit 2; }
+[ -s "$DIR/vmlinuz" ] || { echo "vm/run: no VM in $DIR: run scripts/vm/build.sh first" >&2; exit 2; }
+KEEP=1; [ -n "$OUT" ] || KEEP=0
+OUT=${OUT:-$(mktemp -d /var/tmp/tiercache-vm-out.XXXXXX)}
+mkdir -p "$OUT"; rm -f "$OUT/rc"
+ARGS=()
+for d in "${DISKS[@]}"; do
+    f="$OUT/disk-${d%%:*}.img"; truncate -s "${d#*:}" "$f"
+    ARGS+=(-drive "file=$f,format=raw,if=virtio,cache=none,aio=threads")
+done
+timeout 1800 qemu-system-x86_64 -machine q35 -accel tcg -cpu max -smp 2 -m "$MEM" -nographic -no-reboot \
+    -kernel "$DIR/vmlinuz" -initrd "$DIR/initrd.cpio" \
+    -append "console=ttyS0 rdinit=/init quiet tc.run=$SCRIPT" \
+    -virtfs "local,path=$(pwd),mount_tag=host,security_model=none,readonly=on" \
+    -virtfs "local,path=$OUT,mount_tag=out,security_model=none" \
+    "${ARGS[@]}" </dev/null | grep -v -e '^\s*$' -e 'SeaBIOS' -e 'iPXE' -e 'Booting from'
+rc=$(cat "$OUT/rc" 2>/dev/null || echo 99)
+if [ "$rc" = 0 ] && [ "$KEEP" = 0 ]; then
+    rm -rf "$OUT"; echo "vm/run: $SCRIPT exited 0"
+else
+    echo "vm/run: $SCRIPT exited $rc (results and disks in $OUT)"
+fi
+exit "$rc"
