@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Boots the test VM (scripts/vm/build.sh) and runs one script of this tree inside it:
 #
-#   scripts/vm/run.sh [--dir DIR] [--mem MiB] [--disk NAME:SIZE].. SCRIPT [--out DIR]
+#   scripts/vm/run.sh [--dir DIR] [--mem MiB] [--disk NAME:SIZE[:IOPS]].. SCRIPT [--out DIR]
 #
 # SCRIPT is a path relative to the repository root (the guest sees the tree read-only at /host,
 # and a results folder at /out); each --disk adds a virtio disk (/dev/vda, /dev/vdb, ... in
-# order) backed by a sparse file of SIZE. Prints the guest's console, and exits with SCRIPT's
+# order) backed by a sparse file of SIZE, throttled by qemu to IOPS requests per second if
+# given (a slow disk). Prints the guest's console, and exits with SCRIPT's
 # exit code (or 99 if the guest never ran it). qemu runs with software emulation (TCG).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -27,8 +28,9 @@ OUT=${OUT:-$(mktemp -d /var/tmp/tiercache-vm-out.XXXXXX)}
 mkdir -p "$OUT"; rm -f "$OUT/rc"
 ARGS=()
 for d in "${DISKS[@]}"; do
-    f="$OUT/disk-${d%%:*}.img"; truncate -s "${d#*:}" "$f"
-    ARGS+=(-drive "file=$f,format=raw,if=virtio,cache=none,aio=threads")
+    IFS=: read -r name size iops <<< "$d"
+    f="$OUT/disk-$name.img"; truncate -s "$size" "$f"
+    ARGS+=(-drive "file=$f,format=raw,if=virtio,cache=none,aio=threads${iops:+,throttling.iops-total=$iops}")
 done
 timeout 1800 qemu-system-x86_64 -machine q35 -accel tcg -cpu max -smp 2 -m "$MEM" -nographic -no-reboot \
     -kernel "$DIR/vmlinuz" -initrd "$DIR/initrd.cpio" \

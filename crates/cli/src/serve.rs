@@ -53,7 +53,7 @@ pub struct ServeArgs {
     /// The backing device.
     #[arg(long, value_name = "DEVICE")]
     backing: Option<String>,
-    /// Serve DEVICE itself through --fuse and/or --nbd, with no cache: the baseline a
+    /// Serve DEVICE itself through --fuse, --nbd and/or --ublk, with no cache: the baseline a
     /// benchmark compares the hybrid volume with, through the very same frontend.
     #[arg(long, value_name = "DEVICE", conflicts_with_all = ["cache", "backing", "config"], requires = "frontend")]
     passthrough: Option<String>,
@@ -245,6 +245,66 @@ fn parse_endpoint(e: &str) -> Result<(tiercache_nbd::Listener, String)> {
     bail!("'{e}': an NBD endpoint is unix:SOCKET, tcp:PORT or tcp:HOST:PORT")
 }
 
+/// The ublk frontend's thread, while /dev/ublkbN is served.
+struct Ublk {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<std::result::Result<(), tiercache_ublk::Error>>>,
+}
+
+impl Ublk {
+    /// With --ublk: creates (or re-attaches to) /dev/ublkbN serving `backend` and waits until
+    /// it exists (adding it to `endpoints`); without, nothing.
+    fn start(
+        args: &ServeArgs,
+        backend: &Arc<dyn tiercache_frontend::ByteIo>,
+        endpoints: &mut Vec<String>,
+    ) -> Result<Ublk> {
+        let stop = Arc::new(AtomicBool::new(false));
+        if !args.ublk {
+            return Ok(Ublk { stop, thread: None });
+        }
+        let defaults = tiercache_ublk::Options::default();
+        let options = tiercache_ublk::Options {
+            id: args.ublk_id,
+            queues: args.ublk_queues.unwrap_or(defaults.queues),
+            depth: args.ublk_depth.unwrap_or(defaults.depth),
+        };
+        let (tx, rx) = std::sync::mpsc::channel::<String>();
+        let (backend, stop2) = (Arc::clone(backend), Arc::clone(&stop));
+        let thread = std::thread::Builder::new().name("ublk".into()).spawn(move || {
+            tiercache_ublk::serve(backend, &options, stop2, move |path| {
+                let _ = tx.send(path.to_string());
+            })
+        })?;
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(path) => {
+                tracing::info!(device = %path, "serving ublk");
+                endpoints.push(format!("ublk {path}"));
+                Ok(Ublk { stop, thread: Some(thread) })
+            }
+            Err(_) => {
+                stop.store(true, Ordering::Relaxed);
+                match thread.join() {
+                    Ok(Err(e)) => Err(e.into()),
+                    _ => Err(anyhow::anyhow!("the ublk device did not come up within 30 s")),
+                }
+            }
+        }
+    }
+
+    /// Flushes the volume, then removes /dev/ublkbN.
+    fn stop(self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread {
+            match t.join() {
+                Ok(Err(e)) => tracing::warn!(error = %e, "ublk"),
+                Err(_) => tracing::warn!("the ublk thread panicked"),
+                Ok(Ok(())) => tracing::info!("ublk device removed"),
+            }
+        }
+    }
+}
+
 /// A FUSE mount directory must exist and be empty: mounting over files hides them.
 fn check_mount_dir(dir: &Path) -> Result<()> {
     if !dir.is_dir() {
@@ -284,6 +344,7 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
             std::thread::spawn(move || tiercache_nbd::serve(listener, target, config, stop))
         })
         .collect();
+    let ublk = Ublk::start(args, &target, &mut endpoints)?;
     let session = match &args.fuse {
         Some(dir) => {
             endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
@@ -301,6 +362,7 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
     if let Some(session) = session {
         session.umount_and_join().context("unmounting FUSE")?;
     }
+    ublk.stop();
     nbd_stop.store(true, Ordering::Relaxed);
     for t in threads {
         if let Ok(Err(e)) = t.join() {
@@ -383,38 +445,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         endpoints.push(format!("trace {}", path.display()));
     }
     let backend: Arc<dyn tiercache_frontend::ByteIo> = Arc::clone(&observed) as _;
-    let ublk_stop = Arc::new(AtomicBool::new(false));
-    let ublk_thread = if args.ublk {
-        let defaults = tiercache_ublk::Options::default();
-        let options = tiercache_ublk::Options {
-            id: args.ublk_id,
-            queues: args.ublk_queues.unwrap_or(defaults.queues),
-            depth: args.ublk_depth.unwrap_or(defaults.depth),
-        };
-        let (tx, rx) = std::sync::mpsc::channel::<String>();
-        let (backend, stop) = (Arc::clone(&backend), Arc::clone(&ublk_stop));
-        let thread = std::thread::Builder::new().name("ublk".into()).spawn(move || {
-            tiercache_ublk::serve(backend, &options, stop, move |path| {
-                let _ = tx.send(path.to_string());
-            })
-        })?;
-        match rx.recv_timeout(Duration::from_secs(30)) {
-            Ok(path) => {
-                tracing::info!(device = %path, "serving ublk");
-                endpoints.push(format!("ublk {path}"));
-            }
-            Err(_) => {
-                ublk_stop.store(true, Ordering::Relaxed);
-                return match thread.join() {
-                    Ok(Err(e)) => Err(e.into()),
-                    _ => Err(anyhow::anyhow!("the ublk device did not come up within 30 s")),
-                };
-            }
-        }
-        Some(thread)
-    } else {
-        None
-    };
+    let ublk = Ublk::start(&args, &backend, &mut endpoints)?;
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
         started: std::time::Instant::now(),
@@ -508,15 +539,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     }
     tracing::info!("stopping: disconnecting clients");
     notify(&[NotifyState::Stopping, NotifyState::Status("stopping: disconnecting clients, making everything durable")]);
-    // The ublk device: the volume flushed, then /dev/ublkbN removed.
-    ublk_stop.store(true, Ordering::Relaxed);
-    if let Some(t) = ublk_thread {
-        match t.join() {
-            Ok(Err(e)) => tracing::warn!(error = %e, "ublk"),
-            Err(_) => tracing::warn!("the ublk thread panicked"),
-            Ok(Ok(())) => tracing::info!("ublk device removed"),
-        }
-    }
+    ublk.stop();
     nbd_stop.store(true, Ordering::Relaxed);
     for t in threads {
         if let Ok(Err(e)) = t.join() {

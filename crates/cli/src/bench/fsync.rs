@@ -57,8 +57,9 @@ pub struct FsyncArgs {
     #[arg(long)]
     destructive: bool,
     /// Measure end to end instead, the way a database sees the volume: ext4 on a loop device
-    /// over the FUSE file (`fuse`) or over NBD through nbdfuse (`nbd`) of a `tiercache serve`
-    /// this command starts, against ext4 on a loop device over a raw file on the same disk;
+    /// over the FUSE file (`fuse`), over NBD through nbdfuse (`nbd`), or on /dev/ublkbN
+    /// (`ublk`) of a `tiercache serve` this command starts, against ext4 on a loop device over
+    /// a raw file on the same disk;
     /// write 4 KiB + fdatasync by 1 and 16 committers, and 4 KiB random reads at QD1 and 16,
     /// with device flushes per fsync. Needs root; everything is torn down afterwards.
     #[arg(long, value_enum, conflicts_with_all = ["targets", "cache", "backing"])]

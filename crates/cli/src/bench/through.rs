@@ -33,6 +33,8 @@ pub enum Through {
     Fuse,
     /// `serve --nbd unix:` through libnbd's nbdfuse (a file), on a loop device.
     Nbd,
+    /// `serve --ublk`: the block device /dev/ublkbN itself (Linux 6.0+, ublk_drv loaded).
+    Ublk,
 }
 
 /// Size of the reference file.
@@ -129,10 +131,17 @@ impl Stack {
         }
     }
 
-    /// Loop device (direct I/O) over `file`, ext4 on it, mounted, and the test files written.
+    /// Loop device (direct I/O) over `file` (or `file` itself if it is a block device), ext4
+    /// on it, mounted, and the test files written.
     fn build_fs(&mut self, file: &Path) -> Result<()> {
-        let dev = run(Command::new("losetup").args(["--direct-io=on", "--show", "-f"]).arg(file))?;
-        self.loop_dev = Some(dev.clone());
+        use std::os::unix::fs::FileTypeExt;
+        let dev = if std::fs::metadata(file)?.file_type().is_block_device() {
+            file.display().to_string()
+        } else {
+            let dev = run(Command::new("losetup").args(["--direct-io=on", "--show", "-f"]).arg(file))?;
+            self.loop_dev = Some(dev.clone());
+            dev
+        };
         run(Command::new("mkfs.ext4").args([
             "-q",
             "-F",
@@ -325,6 +334,7 @@ pub fn run_through(o: Options) -> Result<()> {
     let served_name = match o.through {
         Through::Fuse => "ext4 on loop on the FUSE file (hybrid: the cache file over emulated hdd)",
         Through::Nbd => "ext4 on loop on nbdfuse over NBD (hybrid: the cache file over emulated hdd)",
+        Through::Ublk => "ext4 on /dev/ublkbN (hybrid: the cache file over emulated hdd)",
     };
     say(&format!("setting up: {served_name}"));
     let mut served = Stack::new(served_name, w.join("mnt-served"));
@@ -342,6 +352,16 @@ pub fn run_through(o: Options) -> Result<()> {
             served.children.push(child);
             waited?;
             file
+        }
+        Through::Ublk => {
+            // The first device number no other ublk device uses.
+            let id = (0..1024).find(|n| !Path::new(&format!("/sys/block/ublkb{n}")).exists()).unwrap_or(0);
+            let mut child = serve.arg("--ublk").arg("--ublk-id").arg(id.to_string()).stderr(Stdio::null()).spawn()?;
+            let dev = PathBuf::from(format!("/dev/ublkb{id}"));
+            let waited = wait_for(&dev, "tiercache serve --ublk (is ublk_drv loaded?)", &mut child);
+            served.children.push(child);
+            waited?;
+            dev
         }
         Through::Nbd => {
             let sock = w.join("nbd.sock");
