@@ -65,6 +65,8 @@ mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev
 mkdir -p /dev/pts /dev/shm /tmp /run /host /out; mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /run
 modprobe -a 9pnet_virtio 9p loop ext4 virtio_blk 2>/dev/null
+# Loopback up (TCP tests on 127.0.0.1): SIOCSIFFLAGS with IFF_UP | IFF_LOOPBACK | IFF_RUNNING.
+python3 -c "import socket,fcntl,struct; fcntl.ioctl(socket.socket(), 0x8914, struct.pack('16sh', b'lo', 0x49))"
 mount -t 9p -o trans=virtio,version=9p2000.L,ro host /host
 mount -t 9p -o trans=virtio,version=9p2000.L out /out
 RUN=$(sed -n 's/.*tc\.run=\([^ ]*\).*/\1/p' /proc/cmdline)
