@@ -32,12 +32,30 @@ for d in "${DISKS[@]}"; do
     f="$OUT/disk-$name.img"; truncate -s "$size" "$f"
     ARGS+=(-drive "file=$f,format=raw,if=virtio,cache=none,aio=threads${iops:+,throttling.iops-total=$iops}")
 done
-timeout 1800 qemu-system-x86_64 -machine q35 -accel tcg -cpu max -smp 2 -m "$MEM" -nographic -no-reboot \
-    -kernel "$DIR/vmlinuz" -initrd "$DIR/initrd.cpio" \
-    -append "console=ttyS0 rdinit=/init quiet tc.run=$SCRIPT" \
-    -virtfs "local,path=$(pwd),mount_tag=host,security_model=none,readonly=on" \
-    -virtfs "local,path=$OUT,mount_tag=out,security_model=none" \
-    "${ARGS[@]}" </dev/null | grep -v -e '^\s*$' -e 'SeaBIOS' -e 'iPXE' -e 'Booting from'
+# A guest that has not started the script within BOOT_WAIT seconds (a boot that hangs under
+# TCG, about 1 in 10 here) is killed and booted again, up to 3 times; a script that hangs is
+# a failure after VM_TIMEOUT seconds.
+QEMU=(qemu-system-x86_64 -machine q35 -accel tcg -cpu max -smp 2 -m "$MEM" -nographic -no-reboot
+      -kernel "$DIR/vmlinuz" -initrd "$DIR/initrd.cpio" -append "console=ttyS0 rdinit=/init quiet tc.run=$SCRIPT"
+      -virtfs "local,path=$(pwd),mount_tag=host,security_model=none,readonly=on"
+      -virtfs "local,path=$OUT,mount_tag=out,security_model=none" "${ARGS[@]}")
+for attempt in 1 2 3; do
+    rm -f "$OUT/log" "$OUT/rc"
+    setsid timeout "${VM_TIMEOUT:-900}" "${QEMU[@]}" </dev/null > "$OUT/console" 2>&1 &
+    qemu=$!
+    for _ in $(seq "${BOOT_WAIT:-120}"); do
+        [ -e "$OUT/log" ] || ! kill -0 "$qemu" 2>/dev/null && break
+        sleep 1
+    done
+    if [ -e "$OUT/log" ]; then
+        wait "$qemu" || true
+        break
+    fi
+    kill -- -"$qemu" 2>/dev/null || true
+    wait "$qemu" 2>/dev/null || true
+    echo "vm/run: the guest did not start $SCRIPT (attempt $attempt); booting again" >&2
+done
+grep -v -e '^\s*$' -e 'SeaBIOS' -e 'iPXE' -e 'Booting from' "$OUT/console" | tr -d '\r' || true
 rc=$(cat "$OUT/rc" 2>/dev/null || echo 99)
 if [ "$rc" = 0 ] && [ "$KEEP" = 0 ]; then
     rm -rf "$OUT"; echo "vm/run: $SCRIPT exited 0"
