@@ -18,7 +18,9 @@ impl Volume {
     /// order whatever order `slots` is in, with one scatter I/O per stretch of slots whose
     /// gaps are at most `MAX_READ_THROUGH_SLOTS` (a record header, a few blocks not wanted):
     /// write-back batches and copy-forward read whole stretches of the log, not one I/O per
-    /// record. A skipped slot is read into a scratch block and never looked at.
+    /// record. A skipped slot is read into a scratch block and never looked at; if the stretch
+    /// fails, its wanted runs are read again without the gaps, so a medium error in a slot
+    /// nobody needs (a stale copy, a header) costs nothing more than it did before.
     pub(super) fn read_slots(&self, slots: &[u32], out: &mut [u8]) -> std::result::Result<(), DeviceError> {
         let bs = self.bs;
         debug_assert_eq!(out.len(), slots.len() * bs);
@@ -31,30 +33,53 @@ impl Volume {
             let mut skipped = 0usize;
             i += 1;
             while i < order.len() {
-                let gap = (slots[order[i]] - slots[order[i - 1]]) as usize - 1;
+                let (prev, next) = (slots[order[i - 1]], slots[order[i]]);
                 // (A slot never repeats among live blocks; the stretch ends there if it did.)
-                if slots[order[i]] == slots[order[i - 1]] || gap > MAX_READ_THROUGH_SLOTS {
+                if next == prev || (next - prev - 1) as usize > MAX_READ_THROUGH_SLOTS {
                     break;
                 }
-                skipped += gap;
+                skipped += (next - prev - 1) as usize;
                 i += 1;
             }
             let mut scratch = (skipped > 0).then(|| AlignedBuf::new(skipped * bs));
             let mut skip_blocks = scratch.iter_mut().flat_map(|s| s.chunks_mut(bs));
+            // Each buffer of the scatter read, with the slot it is wanted for (None: skipped).
             let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(i - start + skipped);
+            let mut wanted_slot: Vec<Option<u32>> = Vec::with_capacity(i - start + skipped);
             for j in start..i {
                 if j > start {
                     for _ in slots[order[j - 1]] + 1..slots[order[j]] {
                         bufs.push(skip_blocks.next().expect("one scratch block per skipped slot"));
+                        wanted_slot.push(None);
                     }
                 }
                 bufs.push(blocks[order[j]].take().expect("each block is read once"));
+                wanted_slot.push(Some(slots[order[j]]));
             }
             let offset = self.layout.log_offset(u64::from(slots[order[start]]));
-            if bufs.len() == 1 {
-                self.cache.read_at(offset, bufs[0])?;
+            let read = if bufs.len() == 1 {
+                self.cache.read_at(offset, bufs[0])
             } else {
-                self.cache.read_vectored_at(offset, &mut bufs)?;
+                self.cache.read_vectored_at(offset, &mut bufs)
+            };
+            match read {
+                Ok(()) => {}
+                Err(e) if skipped == 0 => return Err(e),
+                Err(_) => {
+                    let mut wanted: Vec<(u32, &mut [u8])> =
+                        bufs.into_iter().zip(wanted_slot).filter_map(|(b, s)| s.map(|s| (s, b))).collect();
+                    let mut k = 0;
+                    while k < wanted.len() {
+                        let run = k;
+                        k += 1;
+                        while k < wanted.len() && wanted[k].0 == wanted[k - 1].0 + 1 {
+                            k += 1;
+                        }
+                        let at = self.layout.log_offset(u64::from(wanted[run].0));
+                        let mut run_bufs: Vec<&mut [u8]> = wanted[run..k].iter_mut().map(|(_, b)| &mut **b).collect();
+                        self.cache.read_vectored_at(at, &mut run_bufs)?;
+                    }
+                }
             }
         }
         Ok(())
