@@ -145,7 +145,10 @@ try:
 finally:
     for t in targets.values():
         if isinstance(t, Nbd):
-            t.close()  # nbdkit waits for its clients before it exits
+            try:
+                t.close()  # nbdkit waits for its clients before it exits
+            except nbd.Error:
+                pass
     for p in procs:
         p.terminate()
         p.wait()

@@ -4,9 +4,9 @@
 //! Fixed newstyle handshake with NBD_OPT_EXPORT_NAME, INFO, GO (export size, flags, block size
 //! constraints), LIST and ABORT; TLS and structured replies are answered "unsupported".
 //! Transmission: READ, WRITE (with FUA), FLUSH, TRIM, WRITE_ZEROES, DISC; several requests in
-//! flight per connection (a reader thread and a bounded pool of workers; a request with nothing
-//! else under way and nothing more sent runs on the reader itself, since handing it to a worker
-//! costs a thread wake-up as long as a small request; a READ's reply is one `writev`), several connections
+//! flight per connection (leader and followers: the connection's threads take turns reading a
+//! request, and each runs the request it read, so none is handed to another thread; a READ's
+//! reply is one `writev`), several connections
 //! (CAN_MULTI_CONN: a FLUSH on any connection covers writes completed on all of them, because
 //! they share one volume).
 //!
@@ -26,7 +26,7 @@ use std::io::{self, Read, Write};
 use std::net::TcpListener;
 use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tiercache_frontend::ByteIo;
 
@@ -67,8 +67,6 @@ trait Stream: Read + Write + Send + 'static {
     fn try_clone_box(&self) -> io::Result<Box<dyn Stream>>;
     fn shutdown_both(&self);
     fn set_timeout(&self, t: Option<Duration>) -> io::Result<()>;
-    /// Bytes the client has sent that are not read yet (FIONREAD).
-    fn pending_bytes(&self) -> io::Result<u64>;
 }
 
 // Unix and TCP streams have the same inherent methods but no common trait for them.
@@ -83,9 +81,6 @@ macro_rules! impl_stream {
             }
             fn set_timeout(&self, t: Option<Duration>) -> io::Result<()> {
                 self.set_read_timeout(t)
-            }
-            fn pending_bytes(&self) -> io::Result<u64> {
-                Ok(rustix::io::ioctl_fionread(self)?)
             }
         }
     };
@@ -308,8 +303,8 @@ fn handshake(s: &mut dyn Stream, backend: &dyn ByteIo, config: &Config) -> io::R
     }
 }
 
-/// Work for a worker: a validated request, with its data for WRITE, and the payload bytes
-/// of the in-flight budget it holds (given back once replied).
+/// A validated request, with its data for WRITE, and the payload bytes of the in-flight
+/// budget it holds (given back once replied).
 struct Job {
     req: Request,
     data: Vec<u8>,
@@ -323,54 +318,89 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
     }
     stream.set_timeout(None)?;
     let writer = Mutex::new(stream.try_clone_box()?);
-    let (tx, rx) = mpsc::sync_channel::<Job>(config.workers_per_connection * 2);
-    let rx = Mutex::new(rx);
-    let dead = AtomicBool::new(false);
-    // Requests handed to the workers and not yet replied to.
-    let busy = AtomicUsize::new(0);
+    let reader = Mutex::new(stream);
+    let done = AtomicBool::new(false);
+    // Leader and followers: every thread of the connection takes turns reading one request
+    // (the reader lock) and then runs that request itself, after letting the next thread read.
+    // A request is never handed to another thread (whose wake-up costs as much as a small
+    // request: a database's write and flush at queue depth 1), and requests a client
+    // pipelines, however far apart they arrive, run side by side.
+    let threads = config.workers_per_connection.max(1);
     std::thread::scope(|scope| -> io::Result<()> {
-        for _ in 0..config.workers_per_connection.max(1) {
-            scope.spawn(|| loop {
-                // Workers drain the queue until it closes, even after the client went away,
-                // so the reader is never left blocked on a full queue.
-                let job = match rx.lock().expect("job queue").recv() {
-                    Ok(j) => j,
-                    Err(_) => break,
-                };
-                let held = job.budget;
-                if !dead.load(Ordering::Relaxed) && execute(job, backend, &writer).is_err() {
-                    // The client went away: wake the reader (its read fails) and discard the rest.
-                    dead.store(true, Ordering::Relaxed);
-                    writer.lock().expect("writer").shutdown_both();
-                }
-                budget.give(held);
-                busy.fetch_sub(1, Ordering::AcqRel);
-            });
+        let followers = (1..threads)
+            .map(|_| {
+                std::thread::Builder::new()
+                    .name("nbd-conn".into())
+                    .spawn_scoped(scope, || serve_requests(&reader, &writer, backend, budget, &done))
+            })
+            .collect::<io::Result<Vec<_>>>()?;
+        let mut result = serve_requests(&reader, &writer, backend, budget, &done);
+        for f in followers {
+            let r = f.join().expect("an NBD connection thread panicked");
+            if result.is_ok() {
+                result = r;
+            }
         }
-        let result = transmission(&mut *stream, backend, &writer, &tx, budget, &busy);
-        drop(tx); // workers finish the queued requests, then stop
         result
     })
 }
 
-/// Reads requests until DISC or EOF, and runs each: itself when nothing else is under way on
-/// the connection and the client has sent nothing more (a client waiting for this reply, the
-/// common case of a database's synchronous write and flush: no hand-off to another thread,
-/// whose wake-up costs as much as a small request), or else on a worker, so that requests a
-/// client pipelines run side by side.
-fn transmission(
+/// One thread of a connection: read a request (holding the reader lock), run it, reply;
+/// until DISC, EOF or a broken connection (`done` then stops the other threads, after the
+/// requests they are running).
+fn serve_requests(
+    reader: &Mutex<Box<dyn Stream>>,
+    writer: &Mutex<Box<dyn Stream>>,
+    backend: &dyn ByteIo,
+    budget: &Budget,
+    done: &AtomicBool,
+) -> io::Result<()> {
+    loop {
+        let job = {
+            let mut r = reader.lock().expect("reader");
+            if done.load(Ordering::Acquire) {
+                return Ok(());
+            }
+            match next_request(&mut **r, backend, writer, budget) {
+                Ok(Some(job)) => job,
+                Ok(None) => {
+                    done.store(true, Ordering::Release);
+                    return Ok(());
+                }
+                Err(e) => {
+                    done.store(true, Ordering::Release);
+                    // Wake the other threads' replies and reads: the connection is over.
+                    r.shutdown_both();
+                    return Err(e);
+                }
+            }
+        };
+        let held = job.budget;
+        let result = execute(job, backend, writer);
+        budget.give(held);
+        if let Err(e) = result {
+            // The client went away: stop reading and discard the rest.
+            done.store(true, Ordering::Release);
+            writer.lock().expect("writer").shutdown_both();
+            return Err(e);
+        }
+    }
+}
+
+/// Reads the next request to run: validated, with its WRITE payload, and its payload bytes
+/// taken from the budget. A request that fails validation is answered here with its error.
+/// `None` at DISC or EOF.
+fn next_request(
     s: &mut dyn Stream,
     backend: &dyn ByteIo,
     writer: &Mutex<Box<dyn Stream>>,
-    tx: &mpsc::SyncSender<Job>,
     budget: &Budget,
-    busy: &AtomicUsize,
-) -> io::Result<()> {
+) -> io::Result<Option<Job>> {
     let size = backend.size_bytes();
     loop {
         let mut h = [0u8; 28];
         if !read_exact_or_eof(s, &mut h)? {
-            return Ok(());
+            return Ok(None);
         }
         let req = decode_request(&h).map_err(protocol_error)?;
         let mut data = Vec::new();
@@ -388,7 +418,7 @@ fn transmission(
         }
         let in_range = req.offset.checked_add(u64::from(req.length)).is_some_and(|end| end <= size);
         let error = match req.kind {
-            CMD_DISC => return Ok(()),
+            CMD_DISC => return Ok(None),
             _ if req.flags & !(CMD_FLAG_FUA | CMD_FLAG_NO_HOLE) != 0 => Some(EINVAL),
             CMD_READ if req.length > MAX_REQUEST_BYTES => Some(EOVERFLOW),
             CMD_READ if !in_range => Some(EINVAL),
@@ -404,26 +434,14 @@ fn transmission(
             w.write_all(&encode_simple_reply(e, req.cookie))?;
             continue;
         }
-        // A READ's reply buffer is budgeted before it is queued.
+        // A READ's reply buffer is budgeted before the read runs.
         let held = if req.kind == CMD_READ {
             budget.take(u64::from(req.length));
             u64::from(req.length)
         } else {
             held
         };
-        let job = Job { req, data, budget: held };
-        if busy.load(Ordering::Acquire) == 0 && s.pending_bytes()? == 0 {
-            let result = execute(job, backend, writer);
-            budget.give(held);
-            result?;
-            continue;
-        }
-        busy.fetch_add(1, Ordering::AcqRel);
-        if let Err(mpsc::SendError(job)) = tx.send(job) {
-            busy.fetch_sub(1, Ordering::AcqRel);
-            budget.give(job.budget);
-            return Ok(());
-        }
+        return Ok(Some(Job { req, data, budget: held }));
     }
 }
 

@@ -1,6 +1,7 @@
-//! The NBD server's fast path (issue 9): a client waiting for its reply is served by the
-//! connection's own thread (no hand-off to a worker), while requests a client pipelines still
-//! run side by side on the workers.
+//! The NBD server's request threads (issue 9): leader and followers. Each of a connection's
+//! threads reads a request and runs it itself (no hand-off), so a client waiting for each
+//! reply is answered by whichever thread read its request, and requests a client pipelines
+//! run side by side.
 
 use std::io::{Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -125,7 +126,7 @@ fn reply(c: &mut UnixStream, data: usize) -> (u32, u64, Vec<u8>) {
 }
 
 #[test]
-fn a_client_waiting_for_each_reply_is_served_by_the_connection_thread() {
+fn a_client_waiting_for_each_reply_gets_every_reply_from_the_connections_threads() {
     let probe = Arc::new(Probe::default());
     let (mut c, stop, server, _dir) = start(Arc::clone(&probe));
     for i in 0..20u64 {
@@ -142,10 +143,7 @@ fn a_client_waiting_for_each_reply_is_served_by_the_connection_thread() {
     }
     let threads = probe.threads.lock().unwrap().clone();
     assert_eq!(threads.len(), 60);
-    assert!(
-        threads.iter().all(|t| t == "nbd-conn"),
-        "requests of a client that waits for each reply ran on other threads: {threads:?}"
-    );
+    assert!(threads.iter().all(|t| t == "nbd-conn"), "requests ran outside the connection's threads: {threads:?}");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     drop(c);
     server.join().unwrap();
