@@ -1,8 +1,10 @@
-//! Adversarial review of the NBD server's fast path (a request runs on the connection's
-//! reader thread when nothing else of that connection is under way and the client has sent
-//! nothing more; a READ's reply is one `writev`):
+//! The NBD server's request threads (leader and followers: the connection's threads take turns
+//! reading a request, and each runs the one it read; a READ's reply is one `writev`), from the
+//! adversarial review of its first form (a reader thread running requests inline):
+//! - `a_client_waiting_for_each_reply_gets_every_reply_from_the_connections_threads`: QD1,
+//!   write, FLUSH and read back, each request run by a connection thread;
 //! - `a_flush_covers_every_write_replied_before_it_was_sent`: FLUSH against writes still
-//!   running on workers, inline and on a worker;
+//!   running on other threads;
 //! - `every_pipelined_request_of_every_kind_gets_one_reply_with_its_cookie`: errors included;
 //! - `a_backend_error_on_the_reader_thread_and_on_a_worker_is_an_error_reply`;
 //! - `the_in_flight_budget_balances_after_errors_disconnects_and_disc`: the shared budget of
@@ -11,8 +13,8 @@
 //! - `a_32mib_read_reply_reaches_a_slow_reader_intact` (the `writev` advancing);
 //! - `a_client_that_half_closes_after_disc_gets_every_reply`;
 //! - `replies_racing_the_readers_busy_check_keep_their_order_and_data`;
-//! - `a_request_sent_while_the_reader_runs_a_slow_one_is_not_held_behind_it` (fails: a
-//!   request that arrives while the reader runs a lone slow one waits for all of it).
+//! - `a_request_sent_while_the_reader_runs_a_slow_one_is_not_held_behind_it` (failed with the
+//!   inline reader: a request arriving while it ran a lone slow one waited for all of it).
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
@@ -221,6 +223,23 @@ fn read_payload(c: &mut impl Read, n: usize) -> Vec<u8> {
     let mut d = vec![0u8; n];
     c.read_exact(&mut d).unwrap();
     d
+}
+
+#[test]
+fn a_client_waiting_for_each_reply_gets_every_reply_from_the_connections_threads() {
+    let disk = Disk::new();
+    let server = Server::start(Arc::clone(&disk));
+    let mut c = connect(&server.sock);
+    for i in 0..20u64 {
+        c.write_all(&write_request(i, i * 4096, &[i as u8; 4096])).unwrap();
+        assert_eq!(reply_header(&mut c), (0, i));
+        c.write_all(&request(CMD_FLUSH, 100 + i, 0, 0)).unwrap();
+        assert_eq!(reply_header(&mut c), (0, 100 + i));
+        c.write_all(&request(CMD_READ, 200 + i, i * 4096, 4096)).unwrap();
+        assert_eq!(reply_header(&mut c), (0, 200 + i));
+        assert_eq!(read_payload(&mut c, 4096), vec![i as u8; 4096], "read back block {i}");
+    }
+    assert_eq!(disk.durable_upto.load(Ordering::SeqCst), 20, "each FLUSH covered the writes before it");
 }
 
 /// A FLUSH must cover every write whose reply the client had received when it sent the
