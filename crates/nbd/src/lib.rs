@@ -356,25 +356,32 @@ fn serve_requests(
     done: &AtomicBool,
 ) -> io::Result<()> {
     loop {
-        let job = {
-            let mut r = reader.lock().expect("reader");
-            if done.load(Ordering::Acquire) {
+        let mut r = reader.lock().expect("reader");
+        if done.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let job = match next_request(&mut **r, backend, writer, budget) {
+            Ok(Some(job)) => job,
+            Ok(None) => {
+                done.store(true, Ordering::Release);
                 return Ok(());
             }
-            match next_request(&mut **r, backend, writer, budget) {
-                Ok(Some(job)) => job,
-                Ok(None) => {
-                    done.store(true, Ordering::Release);
-                    return Ok(());
-                }
-                Err(e) => {
-                    done.store(true, Ordering::Release);
-                    // Wake the other threads' replies and reads: the connection is over.
-                    r.shutdown_both();
-                    return Err(e);
-                }
+            Err(e) => {
+                done.store(true, Ordering::Release);
+                // Wake the other threads' replies and reads: the connection is over.
+                r.shutdown_both();
+                return Err(e);
             }
         };
+        // A write without FUA only fills the volume's staging (microseconds): it runs before
+        // the next thread is let in to read, which would cost a wake-up as long as the write.
+        // Anything that may wait for a device (a READ, a FLUSH, a FUA write) lets the next
+        // thread read first, so a request sent meanwhile is not held behind it.
+        let quick =
+            matches!(job.req.kind, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES) && job.req.flags & CMD_FLAG_FUA == 0;
+        if !quick {
+            drop(r);
+        }
         let held = job.budget;
         let result = execute(job, backend, writer);
         budget.give(held);
