@@ -69,6 +69,9 @@ pub fn serve(
     if !size.is_multiple_of(1 << BLOCK_SHIFT) {
         return Err(Error::Size(size));
     }
+    if !std::path::Path::new("/dev/ublk-control").exists() {
+        return Err(Error::Driver("/dev/ublk-control does not exist".into()));
+    }
     let driver = |what: &str, e: libublk::UblkError| Error::Driver(format!("{what}: {e:?}"));
     let id = options.id.map_or(-1, |i| i as i32);
     let recover = options.id.is_some_and(|i| recoverable(i as i32));
