@@ -391,6 +391,9 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if let Some(dir) = &args.fuse {
         check_mount_dir(dir)?;
     }
+    if args.ublk {
+        tiercache_ublk::check_driver()?;
+    }
     notify(&[NotifyState::Status("opening the devices and recovering the volume")]);
     let cache = DeviceSpec::parse(&cache_spec)?.open("cache")?;
     let backing = DeviceSpec::parse(&backing_spec)?.open("backing")?;

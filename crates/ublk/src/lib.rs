@@ -69,9 +69,7 @@ pub fn serve(
     if !size.is_multiple_of(1 << BLOCK_SHIFT) {
         return Err(Error::Size(size));
     }
-    if !std::path::Path::new("/dev/ublk-control").exists() {
-        return Err(Error::Driver("/dev/ublk-control does not exist".into()));
-    }
+    check_driver()?;
     let driver = |what: &str, e: libublk::UblkError| Error::Driver(format!("{what}: {e:?}"));
     let id = options.id.map_or(-1, |i| i as i32);
     let recover = options.id.is_some_and(|i| recoverable(i as i32));
@@ -123,6 +121,16 @@ pub fn serve(
     ctrl.run_target(tgt_init, queue_fn, device_fn).map_err(|e| driver("running the device", e))?;
     ctrl.del_dev().map_err(|e| driver("removing the device", e))?;
     Ok(())
+}
+
+/// Whether the ublk driver is there (`/dev/ublk-control`): checked before anything else, so
+/// that a server without it fails at once, not after recovering the volume.
+pub fn check_driver() -> Result<(), Error> {
+    if std::path::Path::new("/dev/ublk-control").exists() {
+        Ok(())
+    } else {
+        Err(Error::Driver("/dev/ublk-control does not exist".into()))
+    }
 }
 
 /// Whether device `id` exists and waits for a server to recover it (its server died).
