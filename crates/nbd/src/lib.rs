@@ -36,7 +36,7 @@ pub struct Config {
     /// The export's name ("" also selects it).
     pub export_name: String,
     pub description: String,
-    /// Requests executed in parallel per connection.
+    /// Threads per connection (leader and followers): requests run in parallel per connection.
     pub workers_per_connection: usize,
     /// Most client connections at once (counted across every listener sharing `connections`).
     pub max_connections: usize,
