@@ -257,6 +257,7 @@ impl Ublk {
     fn start(
         args: &ServeArgs,
         backend: &Arc<dyn tiercache_frontend::ByteIo>,
+        identity: String,
         endpoints: &mut Vec<String>,
     ) -> Result<Ublk> {
         let stop = Arc::new(AtomicBool::new(false));
@@ -268,6 +269,7 @@ impl Ublk {
             id: args.ublk_id,
             queues: args.ublk_queues.unwrap_or(defaults.queues),
             depth: args.ublk_depth.unwrap_or(defaults.depth),
+            identity,
         };
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let (backend, stop2) = (Arc::clone(backend), Arc::clone(&stop));
@@ -344,7 +346,7 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
             std::thread::spawn(move || tiercache_nbd::serve(listener, target, config, stop))
         })
         .collect();
-    let ublk = Ublk::start(args, &target, &mut endpoints)?;
+    let ublk = Ublk::start(args, &target, format!("passthrough {spec}"), &mut endpoints)?;
     let session = match &args.fuse {
         Some(dir) => {
             endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
@@ -448,7 +450,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         endpoints.push(format!("trace {}", path.display()));
     }
     let backend: Arc<dyn tiercache_frontend::ByteIo> = Arc::clone(&observed) as _;
-    let ublk = Ublk::start(&args, &backend, &mut endpoints)?;
+    let ublk = Ublk::start(&args, &backend, format!("tiercache volume {}", status.uuid), &mut endpoints)?;
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
         started: std::time::Instant::now(),

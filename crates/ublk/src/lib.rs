@@ -36,12 +36,16 @@ pub struct Options {
     pub queues: u16,
     /// Requests in flight per queue.
     pub depth: u16,
+    /// What is served (the volume's UUID), recorded with the device: a server re-attaches
+    /// only to a device that served the same thing, never hands a mounted file system
+    /// another volume's blocks.
+    pub identity: String,
 }
 
 impl Default for Options {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        Options { id: None, queues: cores.clamp(1, 16) as u16, depth: 64 }
+        Options { id: None, queues: cores.clamp(1, 16) as u16, depth: 64, identity: String::new() }
     }
 }
 
@@ -51,6 +55,11 @@ pub enum Error {
     Driver(String),
     #[error("ublk: the volume's size ({0} bytes) is not a multiple of 4 KiB")]
     Size(u64),
+    #[error(
+        "ublk: /dev/ublkb{id} was left by a server of {served}, not {this}: refusing to re-attach (the file system on it \
+         belongs to the other volume; serve that one with --ublk-id {id}, or give this one another --ublk-id)"
+    )]
+    OtherVolume { id: u32, served: String, this: String },
 }
 
 /// Largest request the device takes (the kernel splits larger ones).
@@ -76,6 +85,14 @@ pub fn serve(
     if recover {
         tracing::info!(id, "re-attaching to /dev/ublkb{id}, left by a server that stopped without removing it");
         let old = UblkCtrl::new_simple(id).map_err(|e| driver("opening the device to recover", e))?;
+        let served = old.get_target_data_from_json().and_then(|v| v["served"].as_str().map(str::to_string));
+        if served.as_deref() != Some(options.identity.as_str()) {
+            return Err(Error::OtherVolume {
+                id: id as u32,
+                served: served.unwrap_or_else(|| "something unrecorded".into()),
+                this: options.identity.clone(),
+            });
+        }
         old.start_user_recover().map_err(|e| driver("starting user recovery", e))?;
     }
     let dev_flags = if recover { UblkFlags::UBLK_DEV_F_RECOVER_DEV } else { UblkFlags::UBLK_DEV_F_ADD_DEV };
@@ -89,7 +106,9 @@ pub fn serve(
         .dev_flags(dev_flags)
         .build()
         .map_err(|e| driver("creating the device", e))?;
+    let identity = options.identity.clone();
     let tgt_init = move |dev: &mut UblkDev| {
+        dev.set_target_json(serde_json::json!({ "served": identity }));
         dev.set_default_params(size);
         let p = &mut dev.tgt.params;
         p.types = sys::UBLK_PARAM_TYPE_BASIC | sys::UBLK_PARAM_TYPE_DISCARD;

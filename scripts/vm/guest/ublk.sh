@@ -1,8 +1,8 @@
 #!/bin/sh
 # ublk interop (issue 9), in the test VM: ext4 on /dev/ublkb0 served by `tiercache serve
 # --ublk`; files written and fsynced; the server killed with SIGKILL and restarted with the
-# same --ublk-id (user recovery) while the file system stays mounted; the files intact, and
-# new writes work; then SIGTERM removes the device cleanly. Disks: vda (cache), vdb (backing).
+# same --ublk-id (user recovery) while the file system stays mounted, after another volume was
+# refused the device; the files intact, and new writes work; then SIGTERM removes the device. Disks: vda (cache), vdb (backing).
 set -eu
 T=/host/target/release/tiercache
 modprobe -a ublk_drv virtio_blk; udevadm settle 2>/dev/null || sleep 1
@@ -29,6 +29,14 @@ echo "ublk: after SIGKILL /dev/ublkb0 is ${state:+present}"
 ( echo queued > /mnt/u/while-down; sync -f /mnt/u/while-down; echo "ublk: the write made while the server was down completed" ) &
 W=$!
 sleep 1
+# Another volume must not take over the device (its mounted file system is the first's).
+$T create --cache emulated:optane:/tmp/c2 --cache-size 64M --backing emulated:optane:/tmp/b2 >/dev/null 2>&1 ||
+    { truncate -s 256M /tmp/b2; $T create --cache emulated:optane:/tmp/c2 --cache-size 64M --backing emulated:optane:/tmp/b2 >/dev/null; }
+if $T serve --cache emulated:optane:/tmp/c2 --backing emulated:optane:/tmp/b2 --ublk --ublk-id 0 --control /run/other.sock 2>/tmp/other.log; then
+    fail "another volume re-attached to /dev/ublkb0"
+fi
+grep -q "refusing to re-attach" /tmp/other.log || { cat /tmp/other.log; fail "no refusal message"; }
+echo "ublk: another volume was refused the device: $(tail -1 /tmp/other.log | cut -c1-100)"
 $T serve --cache /dev/vda --backing /dev/vdb --ublk --ublk-id 0 --control /run/tc.sock 2>/tmp/serve2.log &
 S=$!
 for i in $(seq 150); do grep -q "serving" /tmp/serve2.log && break; sleep 0.2; done
