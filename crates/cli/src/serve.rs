@@ -249,6 +249,8 @@ fn parse_endpoint(e: &str) -> Result<(tiercache_nbd::Listener, String)> {
 struct Ublk {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<std::result::Result<(), tiercache_ublk::Error>>>,
+    /// /dev/ublkbN while served.
+    device: Option<String>,
 }
 
 impl Ublk {
@@ -262,7 +264,7 @@ impl Ublk {
     ) -> Result<Ublk> {
         let stop = Arc::new(AtomicBool::new(false));
         if !args.ublk {
-            return Ok(Ublk { stop, thread: None });
+            return Ok(Ublk { stop, thread: None, device: None });
         }
         let defaults = tiercache_ublk::Options::default();
         let options = tiercache_ublk::Options {
@@ -282,16 +284,22 @@ impl Ublk {
             Ok(path) => {
                 tracing::info!(device = %path, "serving ublk");
                 endpoints.push(format!("ublk {path}"));
-                Ok(Ublk { stop, thread: Some(thread) })
+                Ok(Ublk { stop, thread: Some(thread), device: Some(path) })
             }
             Err(_) => {
                 stop.store(true, Ordering::Relaxed);
                 match thread.join() {
                     Ok(Err(e)) => Err(e.into()),
-                    _ => Err(anyhow::anyhow!("the ublk device did not come up within 30 s")),
+                    Ok(Ok(())) => Err(anyhow::anyhow!("the ublk device did not come up within 30 s")),
+                    Err(_) => Err(anyhow::anyhow!("the ublk frontend failed while starting (see the message above)")),
                 }
             }
         }
+    }
+
+    /// /dev/ublkbN if a file system is mounted on it (or it is held open exclusively).
+    fn busy_device(&self) -> Option<&str> {
+        self.device.as_deref().filter(|d| tiercache_ublk::in_use(d))
     }
 
     /// Flushes the volume, then removes /dev/ublkbN.
@@ -358,8 +366,17 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
         None => None,
     };
     eprintln!("tiercache: serving {spec} without a cache on {}", endpoints.join(", "));
-    while !stop.load(Ordering::Relaxed) {
-        std::thread::sleep(Duration::from_millis(50));
+    loop {
+        while !stop.load(Ordering::Relaxed) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        match ublk.busy_device() {
+            Some(dev) => {
+                tracing::error!(device = %dev, "not stopping: the device is in use (unmount it, then signal again)");
+                stop.store(false, Ordering::Relaxed);
+            }
+            None => break,
+        }
     }
     if let Some(session) = session {
         session.umount_and_join().context("unmounting FUSE")?;
@@ -516,6 +533,13 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
                     std::thread::sleep(Duration::from_millis(200));
                 }
             }
+        }
+        // A mounted /dev/ublkbN: removing it would fail its file system's writes. Keep
+        // serving and say why (a SIGKILL instead leaves it for a restart to re-attach).
+        if let Some(dev) = ublk.busy_device() {
+            tracing::error!(device = %dev, "not stopping: the device is in use (unmount it, then signal again)");
+            stop.store(false, Ordering::Relaxed);
+            continue;
         }
         // FUSE first: if its file is still in use (a loop device attached, an open handle),
         // the volume must not be shut down under it. Keep serving and say why.

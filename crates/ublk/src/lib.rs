@@ -60,6 +60,10 @@ pub enum Error {
          belongs to the other volume; serve that one with --ublk-id {id}, or give this one another --ublk-id)"
     )]
     OtherVolume { id: u32, served: String, this: String },
+    #[error(
+        "ublk: /dev/ublkb{id} is served by another running server; give another --ublk-id (or none: the next free one)"
+    )]
+    InUse { id: u32 },
 }
 
 /// Largest request the device takes (the kernel splits larger ones).
@@ -81,7 +85,20 @@ pub fn serve(
     check_driver()?;
     let driver = |what: &str, e: libublk::UblkError| Error::Driver(format!("{what}: {e:?}"));
     let id = options.id.map_or(-1, |i| i as i32);
-    let recover = options.id.is_some_and(|i| recoverable(i as i32));
+    // A device with that number that is not waiting for recovery is another server's: asking
+    // the driver to add it again would fail, and libublk would then delete the live device.
+    let existing = options.id.and_then(|i| UblkCtrl::new_simple(i as i32).ok().map(|c| c.dev_info()));
+    if let Some(info) = existing {
+        if info.state != sys::UBLK_S_DEV_QUIESCED as u16 {
+            return Err(Error::InUse { id: id as u32 });
+        }
+    }
+    let recover = existing.is_some();
+    // Recovery keeps the device's queues as the kernel has them.
+    let (queues, depth) = match existing {
+        Some(info) => (info.nr_hw_queues, info.queue_depth),
+        None => (options.queues, options.depth),
+    };
     if recover {
         tracing::info!(id, "re-attaching to /dev/ublkb{id}, left by a server that stopped without removing it");
         let old = UblkCtrl::new_simple(id).map_err(|e| driver("opening the device to recover", e))?;
@@ -99,8 +116,8 @@ pub fn serve(
     let ctrl = UblkCtrlBuilder::default()
         .name("tiercache")
         .id(id)
-        .nr_queues(options.queues)
-        .depth(options.depth)
+        .nr_queues(queues)
+        .depth(depth)
         .io_buf_bytes(MAX_IO_BYTES)
         .ctrl_flags(u64::from(sys::UBLK_F_USER_RECOVERY | sys::UBLK_F_USER_RECOVERY_REISSUE))
         .dev_flags(dev_flags)
@@ -152,9 +169,15 @@ pub fn check_driver() -> Result<(), Error> {
     }
 }
 
-/// Whether device `id` exists and waits for a server to recover it (its server died).
-fn recoverable(id: i32) -> bool {
-    UblkCtrl::new_simple(id).is_ok_and(|c| c.dev_info().state == sys::UBLK_S_DEV_QUIESCED as u16)
+/// Whether a block device is in use (mounted, or held open exclusively): an exclusive open
+/// fails with EBUSY then. Removing a device in use would fail its file system's writes.
+pub fn in_use(path: &str) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL)
+        .open(path)
+        .is_err_and(|e| e.raw_os_error() == Some(libc::EBUSY))
 }
 
 /// One queue: fetch requests, run each against the volume, complete it with its result.

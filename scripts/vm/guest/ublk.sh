@@ -20,6 +20,15 @@ for i in 1 2 3 4 5 6 7 8; do
 done
 sync -f /mnt/u/f8
 sha=$(cat /mnt/u/f* | sha256sum)
+# A second server on the live device's number is refused, and the device stays.
+$T create --cache emulated:optane:/tmp/c2 --cache-size 64M --backing emulated:optane:/tmp/b2 >/dev/null 2>&1 ||
+    { truncate -s 256M /tmp/b2; $T create --cache emulated:optane:/tmp/c2 --cache-size 64M --backing emulated:optane:/tmp/b2 >/dev/null; }
+if timeout 60 $T serve --cache emulated:optane:/tmp/c2 --backing emulated:optane:/tmp/b2 --ublk --ublk-id 0 --control /run/other.sock 2>/tmp/other.log; then
+    fail "a second server took the live device"
+fi
+grep -q "served by another running server" /tmp/other.log || { cat /tmp/other.log; fail "no in-use message"; }
+[ "$(cat /mnt/u/f* | sha256sum)" = "$sha" ] || fail "the live device changed under the second server"
+echo "ublk: a second server was refused the live device; it still serves"
 echo "ublk: 8 files written and synced; SIGKILL to the server"
 kill -9 $S; wait $S 2>/dev/null || true
 state=$(cat /sys/block/ublkb0/size 2>/dev/null || echo gone)
@@ -30,14 +39,13 @@ echo "ublk: after SIGKILL /dev/ublkb0 is ${state:+present}"
 W=$!
 sleep 1
 # Another volume must not take over the device (its mounted file system is the first's).
-$T create --cache emulated:optane:/tmp/c2 --cache-size 64M --backing emulated:optane:/tmp/b2 >/dev/null 2>&1 ||
-    { truncate -s 256M /tmp/b2; $T create --cache emulated:optane:/tmp/c2 --cache-size 64M --backing emulated:optane:/tmp/b2 >/dev/null; }
-if $T serve --cache emulated:optane:/tmp/c2 --backing emulated:optane:/tmp/b2 --ublk --ublk-id 0 --control /run/other.sock 2>/tmp/other.log; then
+if timeout 60 $T serve --cache emulated:optane:/tmp/c2 --backing emulated:optane:/tmp/b2 --ublk --ublk-id 0 --control /run/other.sock 2>/tmp/other.log; then
     fail "another volume re-attached to /dev/ublkb0"
 fi
 grep -q "refusing to re-attach" /tmp/other.log || { cat /tmp/other.log; fail "no refusal message"; }
 echo "ublk: another volume was refused the device: $(tail -1 /tmp/other.log | cut -c1-100)"
-$T serve --cache /dev/vda --backing /dev/vdb --ublk --ublk-id 0 --control /run/tc.sock 2>/tmp/serve2.log &
+# (One queue where the device has one per core: recovery keeps the device's own.)
+$T serve --cache /dev/vda --backing /dev/vdb --ublk --ublk-id 0 --ublk-queues 1 --control /run/tc.sock 2>/tmp/serve2.log &
 S=$!
 for i in $(seq 150); do grep -q "serving" /tmp/serve2.log && break; sleep 0.2; done
 grep -q "re-attaching" /tmp/serve2.log || { cat /tmp/serve2.log; fail "the restarted server did not re-attach (user recovery)"; }
@@ -47,6 +55,11 @@ echo 3 > /proc/sys/vm/drop_caches
 [ "$(cat /mnt/u/while-down)" = queued ] || fail "the write made while down is missing"
 dd if=/dev/urandom of=/mnt/u/after bs=1M count=4 conv=fsync status=none
 echo "ublk: files intact after SIGKILL and re-attach; new writes work"
+# SIGTERM while mounted: the server keeps serving and says why.
+kill -TERM $S; sleep 3
+kill -0 $S 2>/dev/null || fail "the server stopped with the file system still mounted"
+grep -q "not stopping: the device is in use" /tmp/serve2.log || { cat /tmp/serve2.log; fail "no in-use message at SIGTERM"; }
+echo "ublk: SIGTERM with the file system mounted: still serving, and said why"
 umount /mnt/u
 kill -TERM $S; wait $S || fail "serve exited non-zero at SIGTERM"
 [ -b /dev/ublkb0 ] && fail "SIGTERM left /dev/ublkb0 behind"
