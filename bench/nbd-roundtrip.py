@@ -88,8 +88,7 @@ class Nbd:
         self.h.pread(4096, off)
 
     def close(self):
-        self.h.shutdown()
-        self.h.close()
+        self.h.shutdown()  # NBD_CMD_DISC; the handle closes when dropped
 
 
 def loop(target, op, seconds):
@@ -147,7 +146,7 @@ finally:
         if isinstance(t, Nbd):
             try:
                 t.close()  # nbdkit waits for its clients before it exits
-            except nbd.Error:
+            except Exception:  # the servers are stopped below whatever happened here
                 pass
     for p in procs:
         p.terminate()
