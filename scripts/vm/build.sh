@@ -34,7 +34,6 @@ cd "$DIR"
 if [ -s vmlinuz ] && [ -s initrd.cpio ]; then
     echo "vm/build: $DIR already holds a VM (remove it to rebuild)"; exit 0
 fi
-KPKG=linux-image-6.12.95+deb12-amd64-unsigned
 APT=(-o Dir::Etc::SourceList="$DIR/bpo.list" -o Dir::Etc::SourceParts=/dev/null
      -o Dir::State::Lists="$DIR/lists" -o Dir::Cache::archives="$DIR/debs")
 echo "deb http://deb.debian.org/debian bookworm-backports main" > bpo.list

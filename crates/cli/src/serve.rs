@@ -297,9 +297,15 @@ impl Ublk {
         }
     }
 
-    /// /dev/ublkbN if a file system is mounted on it (or it is held open exclusively).
-    fn busy_device(&self) -> Option<&str> {
-        self.device.as_deref().filter(|d| tiercache_ublk::in_use(d))
+    /// Whether a stop must wait: /dev/ublkbN has a file system mounted on it (or is held open
+    /// exclusively), and removing it would fail that file system's writes. Says so, and clears
+    /// `stop` so that the server keeps serving (a SIGKILL instead leaves the device for a
+    /// restart to re-attach).
+    fn refuses_to_stop(&self, stop: &AtomicBool) -> bool {
+        let Some(dev) = self.device.as_deref().filter(|d| tiercache_ublk::in_use(d)) else { return false };
+        tracing::error!(device = %dev, "not stopping: the device is in use (unmount it, then signal again)");
+        stop.store(false, Ordering::Relaxed);
+        true
     }
 
     /// Flushes the volume, then removes /dev/ublkbN.
@@ -370,12 +376,8 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(50));
         }
-        match ublk.busy_device() {
-            Some(dev) => {
-                tracing::error!(device = %dev, "not stopping: the device is in use (unmount it, then signal again)");
-                stop.store(false, Ordering::Relaxed);
-            }
-            None => break,
+        if !ublk.refuses_to_stop(&stop) {
+            break;
         }
     }
     if let Some(session) = session {
@@ -534,11 +536,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
                 }
             }
         }
-        // A mounted /dev/ublkbN: removing it would fail its file system's writes. Keep
-        // serving and say why (a SIGKILL instead leaves it for a restart to re-attach).
-        if let Some(dev) = ublk.busy_device() {
-            tracing::error!(device = %dev, "not stopping: the device is in use (unmount it, then signal again)");
-            stop.store(false, Ordering::Relaxed);
+        if ublk.refuses_to_stop(&stop) {
             continue;
         }
         // FUSE first: if its file is still in use (a loop device attached, an open handle),

@@ -318,23 +318,12 @@ pub fn run(args: SeqArgs) -> Result<()> {
     // reads the log and writes the backing device in batches of many MiB.
     let best = |case: Case| {
         let c = Case::ALL.iter().position(|x| *x == case).expect("listed");
-        passes
-            .iter()
-            .filter_map(|p| {
-                let mut v: Vec<f64> = p[c].iter().map(|x| x.mib_per_second).collect();
-                v.sort_by(f64::total_cmp);
-                v.get(v.len() / 2).copied()
-            })
-            .max_by(f64::total_cmp)
+        passes.iter().filter_map(|p| median_rate(&p[c])).max_by(f64::total_cmp)
     };
     let best_raw = best(Case::RawCacheRead).zip(best(Case::RawBackingWrite));
     let mut rows = Vec::new();
     for (k, &(request, qd)) in combos.iter().enumerate() {
-        let median_of = |c: usize| {
-            let mut v: Vec<f64> = passes[k][c].iter().map(|p| p.mib_per_second).collect();
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied()
-        };
+        let median_of = |c: usize| median_rate(&passes[k][c]);
         for (c, case) in Case::ALL.iter().enumerate().filter(|(_, c)| selected(c)) {
             let mut latency = latency_histogram();
             for p in &passes[k][c] {
@@ -452,6 +441,13 @@ pub fn run(args: SeqArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// The median rate of a case's rounds (None if it did not run).
+fn median_rate(rounds: &[Pass]) -> Option<f64> {
+    let mut v: Vec<f64> = rounds.iter().map(|p| p.mib_per_second).collect();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied()
 }
 
 /// Whether two files lie on the same disk (the same file system device): their I/O then

@@ -189,6 +189,15 @@ impl Stack {
         v["counters"]["cache_flushes"].as_u64()
     }
 
+    /// Starts `cmd` (its stderr discarded), kept until the stack is dropped, and waits for
+    /// `path`, which it serves, to appear.
+    fn spawn_serving(&mut self, cmd: &mut Command, what: &str, path: &Path) -> Result<()> {
+        let mut child = cmd.stderr(Stdio::null()).spawn().with_context(|| format!("starting {what}"))?;
+        let waited = wait_for(path, what, &mut child);
+        self.children.push(child);
+        waited
+    }
+
     fn flushes(&self) -> Option<u64> {
         if self.control.is_some() {
             self.cache_flushes()
@@ -346,41 +355,37 @@ pub fn run_through(o: Options) -> Result<()> {
             let dir = w.join("fuse");
             std::fs::create_dir_all(&dir)?;
             served.fuse_dirs.push(dir.clone());
-            let mut child = serve.arg("--fuse").arg(&dir).stderr(Stdio::null()).spawn()?;
             let file = dir.join("volume");
-            let waited = wait_for(&file, "tiercache serve --fuse", &mut child);
-            served.children.push(child);
-            waited?;
+            served.spawn_serving(serve.arg("--fuse").arg(&dir), "tiercache serve --fuse", &file)?;
             file
         }
         Through::Ublk => {
             // The first device number no other ublk device uses.
             let id = (0..1024).find(|n| !Path::new(&format!("/sys/block/ublkb{n}")).exists()).unwrap_or(0);
-            let mut child = serve.arg("--ublk").arg("--ublk-id").arg(id.to_string()).stderr(Stdio::null()).spawn()?;
             let dev = PathBuf::from(format!("/dev/ublkb{id}"));
-            let waited = wait_for(&dev, "tiercache serve --ublk (is ublk_drv loaded?)", &mut child);
-            served.children.push(child);
-            waited?;
+            served.spawn_serving(
+                serve.arg("--ublk").arg("--ublk-id").arg(id.to_string()),
+                "tiercache serve --ublk (is ublk_drv loaded?)",
+                &dev,
+            )?;
             dev
         }
         Through::Nbd => {
             let sock = w.join("nbd.sock");
-            let mut child = serve.arg("--nbd").arg(format!("unix:{}", sock.display())).stderr(Stdio::null()).spawn()?;
-            let waited = wait_for(&sock, "tiercache serve --nbd", &mut child);
-            served.children.push(child);
-            waited?;
+            served.spawn_serving(
+                serve.arg("--nbd").arg(format!("unix:{}", sock.display())),
+                "tiercache serve --nbd",
+                &sock,
+            )?;
             let dir = w.join("nbdfuse");
             std::fs::create_dir_all(&dir)?;
             served.fuse_dirs.push(dir.clone());
-            let mut nbdfuse = Command::new("nbdfuse")
-                .arg(&dir)
-                .arg(format!("nbd+unix:///tiercache?socket={}", sock.display()))
-                .stderr(Stdio::null())
-                .spawn()?;
             let file = dir.join("nbd");
-            let waited = wait_for(&file, "nbdfuse", &mut nbdfuse);
-            served.children.push(nbdfuse);
-            waited?;
+            served.spawn_serving(
+                Command::new("nbdfuse").arg(&dir).arg(format!("nbd+unix:///tiercache?socket={}", sock.display())),
+                "nbdfuse",
+                &file,
+            )?;
             file
         }
     };
@@ -402,10 +407,11 @@ pub fn run_through(o: Options) -> Result<()> {
         say(&format!("round {}/{}", round + 1, o.rounds));
         for (k, &(_, commit, threads)) in tests.iter().enumerate() {
             for (s, stack) in stacks.iter().enumerate() {
-                let before = stack.flushes();
+                // (Flushes are counted around the commit loops only: each count is a `status`.)
+                let before = if commit { stack.flushes() } else { None };
                 let sl = slice(stack, commit, threads, slice_seconds)
                     .with_context(|| format!("the loop on {}", stack.name))?;
-                match (before, stack.flushes()) {
+                match (before, if commit { stack.flushes() } else { None }) {
                     (Some(b), Some(a)) if commit => {
                         flushes[k][s].0 += a - b;
                         flushes[k][s].1 += sl.ops;
