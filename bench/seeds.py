@@ -1,0 +1,1218 @@
+#!/usr/bin/python3
+"""The seed experiments (docs/seeds.md) as one command, with charts and a report.
+
+    bench/seeds.py race|sweep|dirty|latency|fsync|all [--quick | --scale F] [--json]
+                   [--slow hdd|sata-raid5] [--results DIR] [--workdir DIR]
+    bench/seeds.py report [--results DIR]          (re-writes report.md from the JSON there)
+
+  race     seed 1 (Intel CAS + Optane over RAID5, 5.6x): one sysbench database staged on the
+           slow device, the same image copied to a second slow device, a cache attached to one
+           of them without reformatting (bolt-on), warmed by a read-only run, then both run in
+           parallel to the same number of transactions; the same database on the fast device
+           alone is the ceiling.
+  sweep    seed 5 (buy RAM or SSD?): a fixed data size, the buffer pool grown from about
+           data/8 to above the data size (online, so each point starts warm); tps for slow
+           alone, fast alone and hybrid at each point.
+  dirty    seed 3 (FlashCache, 20 % vs 80 % dirty threshold, 1.7x): a write-only workload
+           larger than the cache on two hybrid volumes in parallel, one with the high dirty
+           watermark at 20 %, one at 80 %; tps and dirty data over time.
+  latency  seed 4 (Optane vs NAND under MySQL, small buffer pool): p95/p99 per concurrency
+           for slow alone, hybrid with an optane-profile cache, hybrid with an nvme-profile
+           cache, and the fast device alone.
+  fsync    seed 2: `tiercache bench fsync` (emulated devices), included in the report.
+  all      every experiment above, then the report.
+
+Every volume reaches MariaDB the same way: `tiercache serve --fuse`, `losetup --direct-io=on`,
+ext4, mount; only what is behind the FUSE file differs (a raw file, an emulated slow device,
+or the hybrid volume of the two). MariaDB commits durably (innodb_flush_log_at_trx_commit=1,
+O_DIRECT). Slow devices are emulated profiles (--slow; every chart's caption says which).
+
+On real hardware: --cache /dev/nvme0n1 --backing /dev/md0 [--backing2 /dev/md1] --destructive
+(the race needs a second slow device; without --backing2 it is skipped). The devices are used
+as they are, with no emulation; the cache device and the first --volume-size bytes of the
+backing devices are overwritten.
+
+Results: DIR/EXPERIMENT.json, DIR/EXPERIMENT-*.png and .svg, DIR/report.md (default DIR:
+bench-results/ in the current directory). --json also prints the experiment's JSON on stdout.
+Databases run on loopback ports (3310-3313) with data directories under --workdir; nothing
+stays mounted, attached or running after a run, even one stopped with Ctrl-C.
+Needs root (loop devices, mounts); installs mariadb-server, sysbench, python3-matplotlib.
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGES = ["mariadb-server", "sysbench", "python3-matplotlib", "fuse3", "e2fsprogs", "util-linux"]
+EXPERIMENTS = ["race", "sweep", "dirty", "latency", "fsync"]
+MIB = 1 << 20
+
+# Default scale: each experiment runs in minutes on a 2-core machine. --scale multiplies the
+# data sizes (rows, cache, buffer pool, volume); --quick is a smoke run in well under a minute
+# of measuring per experiment (used by the tests).
+DEFAULTS = {
+    "race": dict(tables=8, table_size=250_000, cache="160M", buffer_pool="32M", volume="2G",
+                 threads=8, warm_seconds=60, events=4000, cap_seconds=600),
+    "sweep": dict(tables=4, table_size=250_000, cache="160M", volume="2G", threads=8,
+                  warm_seconds=15, seconds=30, fractions=[0.125, 0.25, 1 / 3, 0.5, 1.25]),
+    "dirty": dict(tables=8, table_size=250_000, cache="128M", buffer_pool="32M", volume="2G",
+                  threads=8, seconds=300, highs=[20, 80]),
+    "latency": dict(tables=4, table_size=250_000, cache="256M", buffer_pool="16M", volume="2G",
+                    threads_list=[1, 4, 16, 64], warm_seconds=30, seconds=20),
+}
+QUICK = {
+    "race": dict(tables=2, table_size=10_000, cache="16M", buffer_pool="8M", volume="256M",
+                 threads=4, warm_seconds=5, events=200, cap_seconds=60),
+    "sweep": dict(tables=2, table_size=10_000, cache="16M", volume="256M", threads=4,
+                  warm_seconds=3, seconds=5, fractions=[0.5, 1.25]),
+    "dirty": dict(tables=2, table_size=10_000, cache="16M", buffer_pool="8M", volume="256M",
+                  threads=4, seconds=15, highs=[20, 80]),
+    "latency": dict(tables=2, table_size=10_000, cache="16M", buffer_pool="8M", volume="256M",
+                    threads_list=[1, 4], warm_seconds=3, seconds=5),
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Small helpers
+
+
+def log(msg):
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def phase(name):
+    print(f"\n== {name}", file=sys.stderr, flush=True)
+
+
+def parse_size(s):
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([KMGT]?)i?B?", str(s).strip(), re.I)
+    if not m:
+        raise ValueError(f"not a size: {s!r} (e.g. 160M, 2G)")
+    return int(float(m.group(1)) * {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}[m.group(2).upper()])
+
+
+def mib(n):
+    return f"{n / MIB:.0f} MiB"
+
+
+def run(cmd, check=True, quiet=True, **kw):
+    """Runs a short command; its output is returned (stderr shown on failure)."""
+    p = subprocess.run(cmd, capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        raise RuntimeError(f"{' '.join(map(str, cmd))} failed ({p.returncode}): {p.stderr.strip() or p.stdout.strip()}")
+    return p.stdout
+
+
+def apt_install(packages):
+    missing = [p for p in packages
+               if "ok installed" not in subprocess.run(["dpkg-query", "-W", "-f=${Status}", p],
+                                                       capture_output=True, text=True).stdout]
+    if not missing:
+        return
+    log(f"installing {' '.join(missing)}")
+    for attempt in range(10):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        if (subprocess.run(["apt-get", "update", "-qq"], env=env).returncode == 0
+                and subprocess.run(["apt-get", "install", "-y", "-qq", *missing], env=env).returncode == 0):
+            return
+        log(f"apt-get failed (attempt {attempt + 1}; another apt may hold the lock); retrying in 15 s")
+        time.sleep(15)
+    sys.exit(f"seeds: could not install {' '.join(missing)}")
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def percentile_from_histogram(hist, p):
+    """hist: [(value_ms, count)] as sysbench prints it; the value at the p-th fraction."""
+    total = sum(c for _, c in hist)
+    if total == 0:
+        return None
+    need = p * total
+    acc = 0
+    for v, c in sorted(hist):
+        acc += c
+        if acc >= need:
+            return v
+    return sorted(hist)[-1][0]
+
+
+def moving_average(xs, window):
+    out = []
+    for i in range(len(xs)):
+        lo = max(0, i - window + 1)
+        out.append(sum(xs[lo:i + 1]) / (i + 1 - lo))
+    return out
+
+
+def settle_time(series, window=10, band=0.25):
+    """The first second after which the `window`-second moving average of `series` (one value
+    per second) stays within +-band of the median of the run's last third; None if it never
+    does. Returns (seconds, settled_rate)."""
+    if len(series) < 3 * window:
+        return None, median(series)
+    settled = median(series[len(series) * 2 // 3:])
+    if not settled:
+        return None, settled
+    avg = moving_average(series, window)
+    t = None
+    for i in range(len(avg) - 1, window - 2, -1):
+        if abs(avg[i] - settled) > band * settled:
+            break
+        t = i
+    return (t + 1 if t is not None else None), settled
+
+
+# ---------------------------------------------------------------------------------------------
+# Resources: everything started or attached registers its undo here, and is undone in reverse
+# order on any exit (normal, error, Ctrl-C, SIGTERM).
+
+
+class Cleanup:
+    def __init__(self):
+        self.stack = []
+
+    def push(self, what, fn):
+        self.stack.append((what, fn))
+        return len(self.stack) - 1
+
+    def pop(self, token):
+        """Runs one undo now (out of order is fine: each undo is idempotent)."""
+        what, fn = self.stack[token]
+        self.stack[token] = (what, None)
+        if fn:
+            fn()
+
+    def run_all(self):
+        while self.stack:
+            what, fn = self.stack.pop()
+            if fn is None:
+                continue
+            try:
+                fn()
+            except Exception as e:  # keep undoing the rest
+                log(f"cleanup: {what}: {e}")
+
+
+CLEANUP = Cleanup()
+
+
+def on_signal(signum, _frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def stop_process(p, sig=signal.SIGTERM, timeout=120):
+    if p.poll() is not None:
+        return
+    p.send_signal(sig)
+    try:
+        p.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log(f"pid {p.pid} did not stop within {timeout} s: SIGKILL")
+        p.kill()
+        p.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# A volume served by tiercache and mounted as ext4
+
+
+class Stack:
+    """One volume through `tiercache serve --fuse`, a loop device with direct I/O, and ext4.
+
+    kind "passthrough": serve DEVICE itself (the fast or slow device alone).
+    kind "hybrid": `create` a cache on CACHE for BACKING (bolt-on: BACKING keeps its ext4), then
+    serve the pair.
+    """
+
+    def __init__(self, ctx, name, kind, device=None, cache=None, backing=None, cache_size=None,
+                 serve_extra=()):
+        self.ctx, self.name, self.kind = ctx, name, kind
+        self.device, self.cache, self.backing, self.cache_size = device, cache, backing, cache_size
+        self.serve_extra = list(serve_extra)
+        self.dir = os.path.join(ctx.workdir, name)
+        self.fuse = os.path.join(self.dir, "fuse")
+        self.mnt = os.path.join(self.dir, "mnt")
+        self.control = os.path.join(self.dir, "control.sock")
+        self.server = self.loop = None
+        self.token = None
+
+    def describe(self):
+        if self.kind == "passthrough":
+            return self.device
+        return f"cache {self.cache} + backing {self.backing}"
+
+    def up(self, mkfs_size=None):
+        os.makedirs(self.fuse, exist_ok=True)
+        os.makedirs(self.mnt, exist_ok=True)
+        tc = self.ctx.tc
+        if self.kind == "passthrough":
+            cmd = [tc, "serve", "--passthrough", self.device, "--fuse", self.fuse]
+        else:
+            create = [tc, "create", "--cache", self.cache, "--backing", self.backing]
+            if self.cache_size and not self.cache.startswith("/dev/"):
+                path = self.cache.split(":")[-1]
+                if os.path.exists(path):
+                    os.unlink(path)
+                create += ["--cache-size", str(self.cache_size)]
+            if self.ctx.real:
+                create.append("--force")
+            run(create)
+            cmd = [tc, "serve", "--cache", self.cache, "--backing", self.backing, "--fuse", self.fuse,
+                   "--control", self.control, *self.serve_extra]
+        logf = open(os.path.join(self.dir, "serve.log"), "a")
+        # Its own session: Ctrl-C reaches this script only, which then takes the stack down in
+        # order (database, file system, loop device, server).
+        self.server = subprocess.Popen(cmd, stdout=logf, stderr=logf, start_new_session=True)
+        self.token = CLEANUP.push(f"stack {self.name}", self.down)
+        vol = os.path.join(self.fuse, "volume")
+        for _ in range(600):
+            if os.path.exists(vol):
+                break
+            if self.server.poll() is not None:
+                raise RuntimeError(f"{self.name}: tiercache serve exited: {open(logf.name).read()[-2000:]}")
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"{self.name}: {vol} did not appear in 60 s")
+        self.loop = run(["losetup", "--direct-io=on", "--show", "-f", vol]).strip()
+        if mkfs_size is not None:
+            run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", self.loop, f"{mkfs_size // 1024}k"])
+        run(["mount", self.loop, self.mnt])
+        return self
+
+    def down(self):
+        if self.loop:
+            for attempt in range(50):
+                if subprocess.run(["mountpoint", "-q", self.mnt]).returncode != 0:
+                    break
+                if subprocess.run(["umount", self.mnt], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                run(["umount", "-l", self.mnt], check=False)
+            run(["losetup", "-d", self.loop], check=False)
+            self.loop = None
+        if self.server:
+            stop_process(self.server)
+            self.server = None
+        if subprocess.run(["mountpoint", "-q", self.fuse]).returncode == 0:
+            run(["umount", "-l", self.fuse], check=False)
+
+    def close(self):
+        if self.token is not None:
+            CLEANUP.pop(self.token)
+            self.token = None
+
+    def status(self):
+        if self.kind != "hybrid":
+            return None
+        out = subprocess.run([self.ctx.tc, "status", "--cache", self.cache, "--control", self.control, "--json"],
+                             capture_output=True, text=True, timeout=30)
+        return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+class StatusSampler(threading.Thread):
+    """Samples a hybrid volume's `status` every `period` seconds (dirty data, hits, write-back)."""
+
+    def __init__(self, stack, period=2.0):
+        super().__init__(daemon=True)
+        self.stack, self.period = stack, period
+        self.samples = []
+        self.stop_event = threading.Event()
+        self.t0 = time.monotonic()
+
+    def run(self):
+        while not self.stop_event.is_set():
+            try:
+                s = self.stack.status()
+            except Exception:
+                s = None
+            if s:
+                c = s["counters"]
+                self.samples.append(dict(
+                    t=round(time.monotonic() - self.t0, 1),
+                    dirty_percent=100.0 * s["dirty_bytes"] / s["cache_size_bytes"],
+                    read_hit_blocks=c["read_hit_blocks"], read_miss_blocks=c["read_miss_blocks"],
+                    destaged_blocks=c["destaged_blocks"], written_blocks=c["written_blocks"],
+                    throttled_writes=c["throttled_writes"], written_around_blocks=c["written_around_blocks"]))
+            self.stop_event.wait(self.period)
+
+    def stop(self):
+        self.stop_event.set()
+        self.join()
+        return self.samples
+
+
+def hit_ratio(before, after):
+    if not before or not after:
+        return None
+    h = after["counters"]["read_hit_blocks"] - before["counters"]["read_hit_blocks"]
+    m = after["counters"]["read_miss_blocks"] - before["counters"]["read_miss_blocks"]
+    return round(h / (h + m), 3) if h + m else None
+
+
+# ---------------------------------------------------------------------------------------------
+# MariaDB and sysbench
+
+
+class MariaDB:
+    def __init__(self, ctx, stack, port):
+        self.ctx, self.stack, self.port = ctx, stack, port
+        self.datadir = os.path.join(stack.mnt, "mysql")
+        self.sock = os.path.join(stack.dir, "mysql.sock")
+        self.proc = None
+        self.token = None
+
+    def install(self):
+        os.makedirs(self.datadir, exist_ok=True)
+        run(["mariadb-install-db", "--user=root", f"--datadir={self.datadir}",
+             "--auth-root-authentication-method=normal"])
+
+    def start(self, buffer_pool):
+        errlog = os.path.join(self.stack.dir, "mysql.err")
+        cmd = ["mariadbd", "--no-defaults", "--user=root", f"--datadir={self.datadir}", f"--socket={self.sock}",
+               f"--port={self.port}", "--bind-address=127.0.0.1", f"--pid-file={self.stack.dir}/mysql.pid",
+               "--skip-log-bin", f"--innodb-buffer-pool-size={buffer_pool}",
+               "--innodb-buffer-pool-chunk-size=4194304",
+               # Every point starts from what is in the pool, not from a dump of an earlier run.
+               "--innodb-buffer-pool-load-at-startup=OFF", "--innodb-buffer-pool-dump-at-shutdown=OFF",
+               "--innodb-log-file-size=64M", "--innodb-flush-log-at-trx-commit=1",
+               "--innodb-flush-method=O_DIRECT", "--max-connections=300", f"--log-error={errlog}"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                     start_new_session=True)
+        self.token = CLEANUP.push(f"mariadb {self.stack.name}", self.stop)
+        for _ in range(600):
+            if subprocess.run(["mariadb-admin", "-S", self.sock, "-uroot", "ping"], capture_output=True).returncode == 0:
+                return self
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mariadbd on {self.stack.name} exited; see {errlog}")
+            time.sleep(0.2)
+        raise RuntimeError(f"mariadbd on {self.stack.name} did not answer in 120 s; see {errlog}")
+
+    def sql(self, statement):
+        return run(["mariadb", "-S", self.sock, "-uroot", "-N", "-e", statement])
+
+    def set_buffer_pool(self, nbytes):
+        """Resizes the buffer pool online (pages already in it stay) and waits for the resize."""
+        self.sql(f"SET GLOBAL innodb_buffer_pool_size = {nbytes}")
+        for _ in range(600):
+            st = self.sql("SHOW STATUS LIKE 'Innodb_buffer_pool_resize_status'")
+            if "Completed" in st or st.strip().endswith("Innodb_buffer_pool_resize_status") or not st.split("\t")[-1].strip():
+                break
+            time.sleep(0.5)
+        return int(self.sql("SELECT @@innodb_buffer_pool_size").strip())
+
+    def stop(self):
+        if not self.proc or self.proc.poll() is not None:
+            self.proc = None
+            return
+        subprocess.run(["mariadb-admin", "-S", self.sock, "-uroot", "shutdown"], capture_output=True, timeout=600)
+        stop_process(self.proc, timeout=300)
+        self.proc = None
+
+    def close(self):
+        if self.token is not None:
+            CLEANUP.pop(self.token)
+            self.token = None
+
+    def data_bytes(self):
+        return int(run(["du", "-sb", os.path.join(self.datadir, "sbtest")]).split()[0])
+
+
+INTERVAL = re.compile(r"^\[ (\d+)s \] thds: (\d+) tps: ([\d.]+) qps: ([\d.]+) .*lat \(ms,(\d+)%\): ([\d.]+)")
+HISTO = re.compile(r"^\s+([\d.]+)\s+\|\**\s+(\d+)\s*$")
+
+
+def parse_sysbench(text):
+    """Per-second intervals, totals and the latency histogram of a sysbench 1.0 run."""
+    out = dict(intervals=[], histogram=[])
+    for line in text.splitlines():
+        m = INTERVAL.match(line)
+        if m:
+            out["intervals"].append(dict(t=int(m.group(1)), tps=float(m.group(3)), qps=float(m.group(4)),
+                                         lat_ms=float(m.group(6))))
+            continue
+        m = HISTO.match(line)
+        if m:
+            out["histogram"].append((float(m.group(1)), int(m.group(2))))
+            continue
+        m = re.match(r"\s+transactions:\s+(\d+)\s+\(([\d.]+) per sec", line)
+        if m:
+            out["transactions"], out["tps"] = int(m.group(1)), float(m.group(2))
+        m = re.match(r"\s+queries:\s+(\d+)\s+\(([\d.]+) per sec", line)
+        if m:
+            out["qps"] = float(m.group(2))
+        m = re.match(r"\s+total time:\s+([\d.]+)s", line)
+        if m:
+            out["seconds"] = float(m.group(1))
+        m = re.match(r"\s+avg:\s+([\d.]+)", line)
+        if m and "latency_ms_avg" not in out:
+            out["latency_ms_avg"] = float(m.group(1))
+    for p in (95, 99):
+        v = percentile_from_histogram(out["histogram"], p / 100)
+        out[f"latency_ms_p{p}"] = v
+    return out
+
+
+class Sysbench(threading.Thread):
+    """One sysbench run in the background; its per-second lines are parsed as they come."""
+
+    def __init__(self, ctx, db, test, threads, seconds=0, events=0, extra=()):
+        super().__init__(daemon=True)
+        d = ctx.params
+        self.cmd = ["sysbench", test, "--db-driver=mysql", f"--mysql-socket={db.sock}", "--mysql-user=root",
+                    "--mysql-db=sbtest", f"--tables={d['tables']}", f"--table-size={d['table_size']}",
+                    f"--threads={threads}", "--rand-type=gaussian", "--report-interval=1", "--percentile=99",
+                    "--histogram=on", f"--time={seconds}", f"--events={events}", *extra, "run"]
+        self.lines = []
+        self.done_tx = 0.0
+        self.result = None
+        self.proc = None
+
+    def run(self):
+        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        token = CLEANUP.push("sysbench", lambda: stop_process(self.proc, signal.SIGKILL, 30))
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            m = INTERVAL.match(line)
+            if m:
+                self.done_tx += float(m.group(3))
+        self.proc.wait()
+        CLEANUP.pop(token)
+        self.result = parse_sysbench("".join(self.lines))
+        self.result["exit_code"] = self.proc.returncode
+
+    def finish(self):
+        self.join()
+        if self.result["exit_code"] != 0 or "transactions" not in self.result:
+            raise RuntimeError(f"sysbench failed ({self.result['exit_code']}): {''.join(self.lines[-20:])}")
+        return self.result
+
+
+def run_sysbench(ctx, db, test, threads, seconds=0, events=0, label=None, extra=()):
+    """Runs sysbench to completion, with a progress line every 10 s."""
+    sb = Sysbench(ctx, db, test, threads, seconds, events, extra)
+    sb.start()
+    progress([(label or db.stack.name, sb, events, seconds)])
+    return sb.finish()
+
+
+def progress(runs):
+    """Prints a rate line every 10 s until every run in `runs` [(label, Sysbench, events,
+    seconds)] has ended."""
+    t0 = time.monotonic()
+    next_print = t0 + 10
+    while any(sb.is_alive() for _, sb, _, _ in runs):
+        time.sleep(0.5)
+        now = time.monotonic()
+        if now >= next_print:
+            next_print += 10
+            parts = []
+            for label, sb, events, seconds in runs:
+                last = [m for m in (INTERVAL.match(x) for x in sb.lines[-3:]) if m]
+                tps = float(last[-1].group(3)) if last else 0.0
+                goal = f"/{events:,} tx" if events else f" tx of {seconds} s"
+                state = "done" if not sb.is_alive() else f"{tps:.0f} tps"
+                parts.append(f"{label} {sb.done_tx:,.0f}{goal} ({state})")
+            log(f"  {now - t0:4.0f} s  " + "   ".join(parts))
+
+
+# ---------------------------------------------------------------------------------------------
+# The experiments' shared set-up
+
+
+class Ctx:
+    def __init__(self, args, experiment):
+        self.args = args
+        self.experiment = experiment
+        self.tc = args.tiercache
+        self.real = bool(args.cache)
+        base = dict((QUICK if args.quick else DEFAULTS)[experiment]) if experiment in DEFAULTS else {}
+        if args.scale != 1 and base:
+            base["table_size"] = int(base["table_size"] * args.scale)
+            for k in ("cache", "buffer_pool", "volume"):
+                if k in base:
+                    base[k] = str(int(parse_size(base[k]) * args.scale))
+        for k, v in (args.set or []):
+            base[k] = type(base[k])(v) if k in base and not isinstance(base[k], list) else json.loads(v)
+        self.params = base
+        self.workdir = os.path.join(args.workdir, experiment)
+        self.devdir = os.path.join(self.workdir, "devices")
+
+    def slow(self, path):
+        """The slow device as serve takes it: an emulated profile over a file, or a real device."""
+        return path if self.real else f"emulated:{self.args.slow}:{path}"
+
+    def file(self, name):
+        return os.path.join(self.devdir, name)
+
+    def stage(self, stack_name, image, size, buffer_pool="256M"):
+        """Makes `image` (a raw file, or a real device) hold ext4 with the sysbench database,
+        staged through the fast path (no emulated latency: what is timed comes later).
+        Returns the data size in bytes."""
+        p = self.params
+        if not self.real:
+            with open(image, "wb") as f:
+                f.truncate(size)
+        st = Stack(self, stack_name, "passthrough", device=image).up(mkfs_size=size)
+        db = MariaDB(self, st, 3310)
+        db.install()
+        db.start(buffer_pool)
+        db.sql("CREATE DATABASE sbtest")
+        log(f"staging {p['tables']} tables x {p['table_size']:,} rows on {image}")
+        t0 = time.monotonic()
+        run(["sysbench", "oltp_read_write", "--db-driver=mysql", f"--mysql-socket={db.sock}", "--mysql-user=root",
+             "--mysql-db=sbtest", f"--tables={p['tables']}", f"--table-size={p['table_size']}",
+             f"--threads={min(p['tables'], os.cpu_count() or 2)}", "prepare"])
+        data = db.data_bytes()
+        log(f"staged {mib(data)} of data in {time.monotonic() - t0:.0f} s")
+        db.stop()
+        db.close()
+        st.down()
+        st.close()
+        shutil.rmtree(st.dir, ignore_errors=True)
+        return data
+
+    def copy_image(self, src, dst, size):
+        """The same image on another device (a sparse copy of a file, or dd of the first `size`
+        bytes of a real device)."""
+        log(f"copying the image {src} -> {dst}")
+        if self.real:
+            run(["dd", f"if={src}", f"of={dst}", "bs=4M", f"count={size // (4 * MIB)}", "oflag=direct",
+                 "conv=fsync", "status=none"])
+        else:
+            run(["cp", "--sparse=always", src, dst])
+
+
+def kernel_caches():
+    """Whether dm-cache, dm-writecache and bcache can be set up here, and why not."""
+    have = {}
+    for name, module in (("dm-cache", "dm_cache"), ("dm-writecache", "dm_writecache"), ("bcache", "bcache")):
+        ok = os.path.exists(f"/sys/module/{module}") or (shutil.which("modprobe") is not None and subprocess.run(
+            ["modprobe", "-q", module], capture_output=True).returncode == 0)
+        have[name] = ok
+    if any(have.values()):
+        why = ("the kernel has " + ", ".join(k for k, v in have.items() if v)
+               + ", but this script does not set them up yet: rows for them are not measured")
+    else:
+        why = f"not run: this kernel ({os.uname().release}) has no dm-cache, dm-writecache or bcache modules"
+    return dict(available=have, note=why)
+
+
+def base_result(ctx):
+    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return dict(experiment=ctx.experiment, date=datetime.date.today().isoformat(),
+                commit=commit + ("+changes" if dirty else ""), host=os.uname().nodename, cpus=os.cpu_count(),
+                slow_profile=None if ctx.real else ctx.args.slow, real_devices=ctx.real,
+                quick=ctx.args.quick, scale=ctx.args.scale, params=ctx.params, kernel_caches=kernel_caches())
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiment 1: race
+
+
+def exp_race(ctx):
+    p = ctx.params
+    a = ctx.args
+    if ctx.real and not a.backing2:
+        log("race: skipped (needs --backing2, a second slow device for the baseline)")
+        return None
+    size = parse_size(p["volume"])
+    os.makedirs(ctx.devdir, exist_ok=True)
+    backing = a.backing or ctx.file("backing.img")
+    backing2 = a.backing2 or ctx.file("backing2.img")
+    fast = a.cache or ctx.file("fast.img")
+    cache = a.cache or ctx.file("cache.img")
+    res = base_result(ctx)
+
+    phase("race: staging (one database on the slow device, copied to a second slow device)")
+    data = ctx.stage("stage", backing, size)
+    ctx.copy_image(backing, backing2, size)
+    res["data_bytes"] = data
+    # On real devices the ceiling runs on the cache device itself (before the cache is
+    # created on it), so it must hold the image.
+    fast_ok = not ctx.real or int(run(["blockdev", "--getsize64", fast])) >= size
+    ceiling = None
+    if fast_ok:
+        ctx.copy_image(backing, fast, size)
+        phase(f"race: ceiling (the same database on the fast device alone, {p['events']:,} transactions)")
+        st = Stack(ctx, "fast", "passthrough", device=fast).up()
+        db = MariaDB(ctx, st, 3310).start(p["buffer_pool"])
+        run_sysbench(ctx, db, "oltp_read_only", p["threads"], seconds=p["warm_seconds"], label="fast warm-up")
+        ceiling = run_sysbench(ctx, db, "oltp_read_write", p["threads"], events=p["events"],
+                               seconds=p["cap_seconds"], label="fast")
+        db.stop(), db.close(), st.down(), st.close()
+        if not ctx.real:
+            os.unlink(fast)
+
+    phase("race: bolt-on (create a cache for the existing volume, serve, mount its ext4 as it is)")
+    hyb = Stack(ctx, "hybrid", "hybrid", cache=cache, backing=ctx.slow(backing), cache_size=p["cache"]).up()
+    slow = Stack(ctx, "slow", "passthrough", device=ctx.slow(backing2)).up()
+    dbh = MariaDB(ctx, hyb, 3311).start(p["buffer_pool"])
+    dbs = MariaDB(ctx, slow, 3312).start(p["buffer_pool"])
+
+    phase(f"race: warm-up (read-only, {p['warm_seconds']} s, both volumes, as the seed did)")
+    w1 = Sysbench(ctx, dbh, "oltp_read_only", p["threads"], seconds=p["warm_seconds"])
+    w2 = Sysbench(ctx, dbs, "oltp_read_only", p["threads"], seconds=p["warm_seconds"])
+    w1.start(), w2.start()
+    progress([("hybrid", w1, 0, p["warm_seconds"]), ("slow", w2, 0, p["warm_seconds"])])
+    warm_h, warm_s = w1.finish(), w2.finish()
+    res["warm"] = dict(hybrid_tps=warm_h["tps"], slow_tps=warm_s["tps"])
+
+    phase(f"race: both volumes in parallel to {p['events']:,} transactions (oltp_read_write, gaussian, "
+          f"{p['threads']} threads each; cap {p['cap_seconds']} s)")
+    before = hyb.status()
+    sampler = StatusSampler(hyb)
+    sampler.start()
+    rh = Sysbench(ctx, dbh, "oltp_read_write", p["threads"], events=p["events"], seconds=p["cap_seconds"])
+    rs = Sysbench(ctx, dbs, "oltp_read_write", p["threads"], events=p["events"], seconds=p["cap_seconds"])
+    rh.start(), rs.start()
+    progress([("hybrid", rh, p["events"], 0), ("slow", rs, p["events"], 0)])
+    race_h, race_s = rh.finish(), rs.finish()
+    samples = sampler.stop()
+    after = hyb.status()
+    for db in (dbh, dbs):
+        db.stop(), db.close()
+    for st in (hyb, slow):
+        st.down(), st.close()
+
+    def row(name, r):
+        finished = r["transactions"] >= p["events"]
+        t = r["seconds"] if finished else r["seconds"] * p["events"] / max(r["transactions"], 1)
+        return dict(target=name, transactions=r["transactions"], finished=finished, seconds=r["seconds"],
+                    time_to_finish_s=round(t, 1), extrapolated=not finished, tps=r["tps"], qps=r.get("qps"),
+                    latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
+                    qps_series=[x["qps"] for x in r["intervals"]], tps_series=[x["tps"] for x in r["intervals"]])
+
+    rows = [row("hybrid", race_h), row("slow alone", race_s)]
+    if ceiling:
+        rows.append(row("fast alone", ceiling))
+    res["rows"] = rows
+    res["hybrid_read_hit_ratio"] = hit_ratio(before, after)
+    res["status_samples"] = samples
+    res["speedup"] = round(rows[1]["time_to_finish_s"] / rows[0]["time_to_finish_s"], 2)
+    if ceiling:
+        res["hybrid_vs_fast"] = round(rows[2]["time_to_finish_s"] / rows[0]["time_to_finish_s"], 2)
+    res["goals"] = [
+        goal("hybrid at least 5.6x faster than the slow volume (seed 1)", res["speedup"], 5.6),
+        goal("hybrid within 80 % of the fast device alone", res.get("hybrid_vs_fast"), 0.8),
+    ]
+    return res
+
+
+def goal(text, value, at_least):
+    return dict(goal=text, value=value, target=at_least, met=value is not None and value >= at_least)
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiment 2: sweep
+
+
+def exp_sweep(ctx):
+    p = ctx.params
+    a = ctx.args
+    size = parse_size(p["volume"])
+    os.makedirs(ctx.devdir, exist_ok=True)
+    backing = a.backing or ctx.file("backing.img")
+    slow_dev = a.backing2 or ctx.file("slow.img")
+    fast = ctx.file("fast.img") if not ctx.real else None
+    cache = a.cache or ctx.file("cache.img")
+    res = base_result(ctx)
+
+    phase("sweep: staging (one database, copied to each volume)")
+    data = ctx.stage("stage", backing, size)
+    res["data_bytes"] = data
+    if ctx.real and not a.backing2:
+        log("sweep: no --backing2: the slow-alone curve is measured on --backing before the cache is attached")
+    targets = []
+    if not ctx.real:
+        ctx.copy_image(backing, fast, size)
+        ctx.copy_image(backing, slow_dev, size)
+        targets = [("slow alone", "passthrough", dict(device=ctx.slow(slow_dev))),
+                   ("fast alone", "passthrough", dict(device=fast)),
+                   ("hybrid", "hybrid", dict(cache=cache, backing=ctx.slow(backing), cache_size=p["cache"]))]
+    else:
+        if a.backing2:
+            ctx.copy_image(backing, a.backing2, size)
+            targets.append(("slow alone", "passthrough", dict(device=a.backing2)))
+        targets.append(("hybrid", "hybrid", dict(cache=cache, backing=backing)))
+    pools = sorted({max(8 * MIB, int(data * f) // (4 * MIB) * 4 * MIB) for f in p["fractions"]})
+    res["buffer_pools"] = pools
+    stacks, dbs = [], []
+    for i, (name, kind, kw) in enumerate(targets):
+        st = Stack(ctx, name.split()[0], kind, **kw).up()
+        stacks.append(st)
+        dbs.append(MariaDB(ctx, st, 3310 + i).start(pools[0]))
+    rows = {name: [] for name, _, _ in targets}
+    phase(f"sweep: {len(pools)} buffer pool sizes x {len(targets)} volumes "
+          f"({p['warm_seconds']} s warm-up + {p['seconds']} s each, interleaved)")
+    for bp in pools:
+        for (name, _, _), st, db in zip(targets, stacks, dbs):
+            actual = db.set_buffer_pool(bp)
+            log(f"{name}: buffer pool {mib(actual)} (data / {data / actual:.1f})")
+            run_sysbench(ctx, db, "oltp_read_write", p["threads"], seconds=p["warm_seconds"], label=f"{name} warm-up")
+            before = st.status()
+            r = run_sysbench(ctx, db, "oltp_read_write", p["threads"], seconds=p["seconds"], label=name)
+            rows[name].append(dict(buffer_pool_bytes=actual, data_over_pool=round(data / actual, 2), tps=r["tps"],
+                                   latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
+                                   read_hit_ratio=hit_ratio(before, st.status())))
+    for db in dbs:
+        db.stop(), db.close()
+    for st in stacks:
+        st.down(), st.close()
+    res["rows"] = rows
+    # The seed's point: data about 3x the buffer pool.
+    at3 = min(range(len(pools)), key=lambda i: abs(math.log(data / pools[i] / 3)))
+    res["point_3x"] = dict(buffer_pool_bytes=pools[at3], data_over_pool=round(data / pools[at3], 2))
+    if "slow alone" in rows and rows["slow alone"][at3]["tps"]:
+        res["hybrid_over_slow_at_3x"] = round(rows["hybrid"][at3]["tps"] / rows["slow alone"][at3]["tps"], 2)
+    res["goals"] = [goal("at data about 3x the buffer pool, hybrid at least 5x slow alone (seed 5)",
+                         res.get("hybrid_over_slow_at_3x"), 5.0)]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiment 3: dirty threshold
+
+
+def exp_dirty(ctx):
+    p = ctx.params
+    a = ctx.args
+    if ctx.real and not a.backing2:
+        log("dirty: skipped on real devices without --backing2 (two hybrids run side by side)")
+        return None
+    size = parse_size(p["volume"])
+    os.makedirs(ctx.devdir, exist_ok=True)
+    res = base_result(ctx)
+    highs = p["highs"]
+    backings = [a.backing or ctx.file("backing-a.img"), a.backing2 or ctx.file("backing-b.img")]
+    caches = [ctx.file("cache-a.img"), ctx.file("cache-b.img")] if not ctx.real else None
+    if ctx.real:
+        log("dirty: on real devices both hybrids need their own cache device; not supported yet")
+        return None
+
+    phase("dirty: staging (one database, copied for the second volume)")
+    data = ctx.stage("stage", backings[0], size)
+    ctx.copy_image(backings[0], backings[1], size)
+    res["data_bytes"] = data
+    stacks, dbs = [], []
+    for i, high in enumerate(highs):
+        low = max(0, high - 10)
+        st = Stack(ctx, f"dirty{high}", "hybrid", cache=caches[i], backing=ctx.slow(backings[i]),
+                   cache_size=p["cache"], serve_extra=["--dirty-high", str(high), "--dirty-low", str(low)]).up()
+        stacks.append(st)
+        dbs.append(MariaDB(ctx, st, 3310 + i).start(p["buffer_pool"]))
+    phase(f"dirty: write-only sysbench (uniform keys, {mib(data)} of data, {p['cache']} cache) on both, "
+          f"in parallel, {p['seconds']} s")
+    samplers = [StatusSampler(st) for st in stacks]
+    runs = [Sysbench(ctx, db, "oltp_write_only", p["threads"], seconds=p["seconds"], extra=["--rand-type=uniform"])
+            for db in dbs]
+    for s in samplers + runs:
+        s.start()
+    progress([(f"high {h} %", r, 0, p["seconds"]) for h, r in zip(highs, runs)])
+    results = [r.finish() for r in runs]
+    samples = [s.stop() for s in samplers]
+    for db in dbs:
+        db.stop(), db.close()
+    for st in stacks:
+        st.down(), st.close()
+    rows = []
+    for high, r, smp in zip(highs, results, samples):
+        series = [x["tps"] for x in r["intervals"]]
+        t_settle, settled = settle_time(series)
+        stalls = sum(1 for x in series[5:] if x == 0)
+        destage = [(b["t"], b["destaged_blocks"]) for b in smp]
+        rows.append(dict(dirty_high_percent=high, dirty_low_percent=max(0, high - 10), tps=r["tps"],
+                         settled_tps=settled, settle_seconds=t_settle, zero_tps_seconds=stalls,
+                         latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
+                         tps_series=series, status_samples=smp,
+                         destaged_mib=round((destage[-1][1] - destage[0][1]) * 4096 / MIB, 1) if len(destage) > 1 else None))
+    res["rows"] = rows
+    if rows[0]["settled_tps"]:
+        res["high_over_low"] = round(rows[-1]["settled_tps"] / rows[0]["settled_tps"], 2)
+    res["goals"] = [goal(f"the {highs[-1]} % run at least 1.7x the {highs[0]} % run once settled (seed 3)",
+                         res.get("high_over_low"), 1.7),
+                    dict(goal="no stall (no one-second interval at zero tps)",
+                         value=sum(r["zero_tps_seconds"] for r in rows), target=0,
+                         met=all(r["zero_tps_seconds"] == 0 for r in rows))]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiment 4: tail latency
+
+
+def exp_latency(ctx):
+    p = ctx.params
+    if ctx.real:
+        log("latency: on real devices run race/sweep instead; the optane/nvme profiles are emulated")
+        return None
+    size = parse_size(p["volume"])
+    os.makedirs(ctx.devdir, exist_ok=True)
+    res = base_result(ctx)
+    phase("latency: staging (one database, copied to each volume)")
+    image = ctx.file("image.img")
+    data = ctx.stage("stage", image, size)
+    res["data_bytes"] = data
+    names = ["slow alone", "hybrid (optane cache)", "hybrid (nvme cache)", "fast alone (optane)"]
+    files = {n: ctx.file(f"v{i}.img") for i, n in enumerate(names)}
+    for n in names:
+        ctx.copy_image(image, files[n], size)
+    os.unlink(image)
+    specs = [("slow", "passthrough", dict(device=ctx.slow(files[names[0]]))),
+             ("optane", "hybrid", dict(cache=f"emulated:optane:{ctx.file('cache-optane.img')}",
+                                       backing=ctx.slow(files[names[1]]), cache_size=p["cache"])),
+             ("nvme", "hybrid", dict(cache=f"emulated:nvme:{ctx.file('cache-nvme.img')}",
+                                     backing=ctx.slow(files[names[2]]), cache_size=p["cache"])),
+             ("fast", "passthrough", dict(device=f"emulated:optane:{files[names[3]]}"))]
+    stacks, dbs = [], []
+    for i, (short, kind, kw) in enumerate(specs):
+        st = Stack(ctx, short, kind, **kw).up()
+        stacks.append(st)
+        dbs.append(MariaDB(ctx, st, 3310 + i).start(p["buffer_pool"]))
+    phase(f"latency: warm-up (read-only, {p['warm_seconds']} s per volume)")
+    for n, db in zip(names, dbs):
+        run_sysbench(ctx, db, "oltp_read_only", 4, seconds=p["warm_seconds"], label=n)
+    phase(f"latency: threads {p['threads_list']} x {len(names)} volumes, {p['seconds']} s each, interleaved")
+    rows = {n: [] for n in names}
+    for threads in p["threads_list"]:
+        for n, st, db in zip(names, stacks, dbs):
+            before = st.status()
+            r = run_sysbench(ctx, db, "oltp_read_write", threads, seconds=p["seconds"], label=f"{n} x{threads}")
+            rows[n].append(dict(threads=threads, tps=r["tps"], latency_ms_avg=r.get("latency_ms_avg"),
+                                latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
+                                read_hit_ratio=hit_ratio(before, st.status())))
+    for db in dbs:
+        db.stop(), db.close()
+    for st in stacks:
+        st.down(), st.close()
+    res["rows"] = rows
+    worst = None
+    for i, r in enumerate(rows[names[1]]):
+        fast = rows[names[3]][i]["latency_ms_p99"]
+        if r["latency_ms_p99"] and fast:
+            ratio = r["latency_ms_p99"] / fast
+            worst = ratio if worst is None else max(worst, ratio)
+    res["worst_p99_hybrid_over_fast"] = round(worst, 2) if worst else None
+    res["goals"] = [dict(goal="hybrid (optane cache) p99 within 2x of fast alone at every concurrency",
+                         value=res["worst_p99_hybrid_over_fast"], target=2.0,
+                         met=worst is not None and worst <= 2.0)]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Experiment 5: fsync
+
+
+def exp_fsync(ctx):
+    res = base_result(ctx)
+    phase("fsync: tiercache bench fsync (emulated devices, the seed table)")
+    seconds = "1" if ctx.args.quick else "3"
+    out = run([ctx.tc, "bench", "fsync", "--json", "--seconds", seconds])
+    res["bench"] = json.loads(out)
+    hybrid = [r for r in res["bench"]["results"] if r.get("ratio_to_raw_cache") is not None]
+    res["goals"] = [goal("hybrid fsync rate at least 90 % of the raw cache device", hybrid[0]["ratio_to_raw_cache"]
+                         if hybrid else None, 0.9)]
+    return res
+
+
+# ---------------------------------------------------------------------------------------------
+# Charts (matplotlib: PNG and SVG of each)
+
+
+SEED_SWEEP = [(2, 450, 81), (6, 608, 122), (10, 769, 253), (14, 977, 429), (18, 1472, 935), (20, 2536, 2487)]
+SEED_DATA_GB = 18
+
+
+def caption(res):
+    where = "real devices" if res["real_devices"] else f"slow device: emulated {res['slow_profile']} profile"
+    return f"{where}; {res['date']}, commit {res['commit']}, {res['cpus']} cores"
+
+
+def charts(res, outdir):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    exp = res["experiment"]
+    made = []
+
+    def save(fig, name):
+        fig.text(0.01, 0.005, caption(res), fontsize=7, color="#555")
+        fig.tight_layout(rect=(0, 0.03, 1, 1))
+        for ext in ("png", "svg"):
+            fig.savefig(os.path.join(outdir, f"{name}.{ext}"), dpi=110)
+        plt.close(fig)
+        made.append(name)
+
+    if exp == "race":
+        fig, ax = plt.subplots(figsize=(8, 4.2))
+        for r, color in zip(res["rows"], ["tab:green", "tab:red", "tab:blue"]):
+            ax.plot(range(1, len(r["qps_series"]) + 1), r["qps_series"], color=color, lw=1,
+                    label=f"{r['target']}: {r['time_to_finish_s']:.0f} s" + (" (extrapolated)" if r["extrapolated"] else ""))
+            if r["finished"]:
+                ax.axvline(r["seconds"], color=color, ls=":", lw=1)
+        ax.set_xlabel("time (s)")
+        ax.set_ylabel("queries per second")
+        ax.set_title(f"Race to {res['params']['events']:,} transactions: hybrid {res['speedup']}x the slow volume "
+                     f"(seed: 5.6x)")
+        ax.legend(fontsize=8)
+        save(fig, "race-qps")
+    elif exp == "sweep":
+        fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+        for name, color in (("slow alone", "tab:red"), ("fast alone", "tab:blue"), ("hybrid", "tab:green")):
+            if name in res["rows"]:
+                pts = res["rows"][name]
+                ax.plot([x["buffer_pool_bytes"] / MIB for x in pts], [x["tps"] for x in pts], "o-", color=color, label=name)
+        ax.axvline(res["point_3x"]["buffer_pool_bytes"] / MIB, color="#888", ls="--", lw=1)
+        ax.text(res["point_3x"]["buffer_pool_bytes"] / MIB, ax.get_ylim()[1] * 0.9, " data = 3x pool", fontsize=8, color="#555")
+        ax.set_yscale("log")
+        ax.set_xlabel("InnoDB buffer pool (MiB)")
+        ax.set_ylabel("transactions per second (log)")
+        ax.set_title(f"tps against buffer pool, {res['data_bytes'] / MIB:.0f} MiB of data")
+        ax.legend(fontsize=8)
+        if "slow alone" in res["rows"]:
+            ratio = [(x["data_over_pool"], h["tps"] / x["tps"]) for x, h in zip(res["rows"]["slow alone"], res["rows"]["hybrid"]) if x["tps"]]
+            ax2.plot([r[0] for r in ratio], [r[1] for r in ratio], "o-", color="tab:green", label="hybrid / slow alone (this run)")
+            ax2.plot([SEED_DATA_GB / b for b, _, _ in SEED_SWEEP], [f / r for _, f, r in SEED_SWEEP], "s--", color="#999",
+                     label="seed 5: FusionIO / RAID10")
+            ax2.axhline(5, color="#bbb", ls=":", lw=1)
+            ax2.set_xscale("log")
+            ax2.set_xlabel("data / buffer pool (log)")
+            ax2.set_ylabel("speed-up over the slow device")
+            ax2.set_title("speed-up against the seed's")
+            ax2.legend(fontsize=8)
+        save(fig, "sweep-tps")
+    elif exp == "dirty":
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
+        for r, color in zip(res["rows"], ["tab:orange", "tab:green"]):
+            s = r["tps_series"]
+            ax.plot(range(1, len(s) + 1), s, color=color, lw=0.5, alpha=0.4)
+            ax.plot(range(1, len(s) + 1), moving_average(s, 10), color=color, lw=1.5,
+                    label=f"high watermark {r['dirty_high_percent']} %: settled {r['settled_tps'] or 0:.0f} tps")
+            if r["settle_seconds"]:
+                ax.axvline(r["settle_seconds"], color=color, ls=":", lw=1)
+            ax2.plot([x["t"] for x in r["status_samples"]], [x["dirty_percent"] for x in r["status_samples"]],
+                     color=color, label=f"dirty, high {r['dirty_high_percent']} %")
+            ax2.axhline(r["dirty_high_percent"], color=color, ls="--", lw=0.8)
+        ax.set_ylabel("transactions per second")
+        ax.set_title(f"Write-only load larger than the cache: 80 % / 20 % = {res.get('high_over_low')}x (seed: 1.7x)")
+        ax.legend(fontsize=8)
+        ax2.set_xlabel("time (s)")
+        ax2.set_ylabel("dirty data (% of cache)")
+        ax2.legend(fontsize=8)
+        save(fig, "dirty-tps")
+    elif exp == "latency":
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        for ax, pct in zip(axes, (95, 99)):
+            for (name, pts), color in zip(res["rows"].items(), ["tab:red", "tab:green", "tab:olive", "tab:blue"]):
+                ax.plot([x["threads"] for x in pts], [x[f"latency_ms_p{pct}"] for x in pts], "o-", color=color, label=name)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sysbench threads")
+            ax.set_ylabel(f"p{pct} latency (ms, log)")
+            ax.set_title(f"p{pct} transaction latency")
+            ax.legend(fontsize=8)
+        save(fig, "latency-p95-p99")
+    elif exp == "fsync":
+        rows = res["bench"]["results"]
+        fig, ax = plt.subplots(figsize=(8, 3.6))
+        names = [r["target"] for r in rows]
+        ax.barh(names, [r["fsyncs_per_second"] for r in rows], color="tab:blue", label="measured")
+        for i, r in enumerate(rows):
+            if r.get("documented_fsyncs_per_second"):
+                ax.plot(r["documented_fsyncs_per_second"], i, "k|", ms=14)
+        ax.set_xscale("log")
+        ax.set_xlabel("write 4 KiB + flush per second (log); | = the seed's figure")
+        ax.set_title("fsync rate (seed 2)")
+        save(fig, "fsync-rate")
+    return made
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def fmt(v, nd=1):
+    if v is None:
+        return "n/a"
+    if isinstance(v, float):
+        return f"{v:,.{nd}f}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def goals_md(res):
+    out = ["", "| goal | value | met |", "| --- | ---: | --- |"]
+    for g in res.get("goals", []):
+        out.append(f"| {g['goal']} | {fmt(g['value'], 2)} | {'yes' if g['met'] else '**no**'} |")
+    return out
+
+
+def section(res):
+    exp = res["experiment"]
+    p = res["params"]
+    lines = []
+    head = {"race": "1. Race (seed 1: Intel CAS + Optane over RAID5, 5.6x)",
+            "sweep": "2. Sweep: buffer pool against fast storage (seed 5)",
+            "dirty": "3. Dirty threshold (seed 3: FlashCache, 20 % vs 80 %, 1.7x)",
+            "latency": "4. Tail latency (seed 4: Optane vs NAND, small buffer pool)",
+            "fsync": "5. fsync (seed 2: dm-cache, bcache, ZFS SLOG)"}[exp]
+    lines += [f"## {head}", "", f"{caption(res)}; {'quick' if res['quick'] else 'scale ' + str(res['scale'])}. "
+              f"Command: `bench/seeds.py {exp}{' --quick' if res['quick'] else ''}`.", ""]
+    if "data_bytes" in res:
+        lines.append(f"Data: {p.get('tables')} tables x {p.get('table_size'):,} rows = {mib(res['data_bytes'])}; "
+                     + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in p.items()
+                                 if k in ("cache", "buffer_pool", "threads", "warm_seconds", "seconds", "events")) + ".")
+        lines.append("")
+    if exp == "race":
+        lines += ["| volume | transactions | time to finish (s) | tps | p95 ms | p99 ms |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
+        for r in res["rows"]:
+            t = fmt(r["time_to_finish_s"]) + (" (extrapolated)" if r["extrapolated"] else "")
+            lines.append(f"| {r['target']} | {r['transactions']:,} | {t} | {fmt(r['tps'])} | {fmt(r['latency_ms_p95'])} | {fmt(r['latency_ms_p99'])} |")
+        lines += ["", f"Hybrid {res['speedup']}x the slow volume"
+                  + (f", at {res['hybrid_vs_fast']} of the fast device alone" if res.get("hybrid_vs_fast") else "")
+                  + f"; the cache's read hit ratio during the race: {fmt(res['hybrid_read_hit_ratio'], 3)}. "
+                  f"Warm-up (read-only): hybrid {fmt(res['warm']['hybrid_tps'])} tps, slow {fmt(res['warm']['slow_tps'])} tps.",
+                  "", "![race](race-qps.png)"]
+    elif exp == "sweep":
+        names = list(res["rows"])
+        lines += ["| buffer pool | data / pool | " + " | ".join(f"{n} tps" for n in names) + " | hybrid read hits |",
+                  "| ---: | ---: | " + " | ".join("---:" for _ in names) + " | ---: |"]
+        for i, bp in enumerate(res["buffer_pools"]):
+            r0 = res["rows"][names[0]][i]
+            lines.append(f"| {mib(r0['buffer_pool_bytes'])} | {r0['data_over_pool']} | "
+                         + " | ".join(fmt(res["rows"][n][i]["tps"]) for n in names)
+                         + f" | {fmt(res['rows']['hybrid'][i]['read_hit_ratio'], 3)} |")
+        lines += ["", "![sweep](sweep-tps.png)"]
+    elif exp == "dirty":
+        lines += ["| high watermark | tps (whole run) | settled tps | settles after (s) | seconds at 0 tps | p99 ms | written back (MiB) |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for r in res["rows"]:
+            lines.append(f"| {r['dirty_high_percent']} % | {fmt(r['tps'])} | {fmt(r['settled_tps'])} | "
+                         f"{fmt(r['settle_seconds'])} | {r['zero_tps_seconds']} | {fmt(r['latency_ms_p99'])} | {fmt(r['destaged_mib'])} |")
+        lines += ["", "Settled: the median tps of the last third of the run; it settles when the 10 s moving "
+                  "average stays within 25 % of that.", "", "![dirty](dirty-tps.png)"]
+    elif exp == "latency":
+        names = list(res["rows"])
+        lines += ["| threads | " + " | ".join(f"{n} p95 / p99 ms" for n in names) + " |",
+                  "| ---: | " + " | ".join("---:" for _ in names) + " |"]
+        for i, t in enumerate(p["threads_list"]):
+            lines.append(f"| {t} | " + " | ".join(f"{fmt(res['rows'][n][i]['latency_ms_p95'])} / {fmt(res['rows'][n][i]['latency_ms_p99'])}"
+                                                 for n in names) + " |")
+        lines += ["", "![latency](latency-p95-p99.png)"]
+    elif exp == "fsync":
+        lines += ["| target | fsync/s | p50 us | p99 us | seed figure |", "| --- | ---: | ---: | ---: | ---: |"]
+        for r in res["bench"]["results"]:
+            lines.append(f"| {r['target']} | {fmt(r['fsyncs_per_second'], 0)} | {fmt(r['latency_us_p50'])} | "
+                         f"{fmt(r['latency_us_p99'])} | {fmt(r.get('documented_fsyncs_per_second'), 0)} |")
+        lines += ["", "![fsync](fsync-rate.png)"]
+    lines += goals_md(res)
+    lines += ["", f"Kernel caches: {res['kernel_caches']['note']}.", ""]
+    return lines
+
+
+def write_report(outdir):
+    parts = ["# tiercache: the seed experiments", "",
+             "Written by `bench/seeds.py`; each section is the latest run of that experiment in this folder.", ""]
+    found = False
+    for exp in EXPERIMENTS:
+        path = os.path.join(outdir, f"{exp}.json")
+        if os.path.exists(path):
+            found = True
+            parts += section(json.load(open(path)))
+    if not found:
+        parts.append("No experiment has run yet.")
+    with open(os.path.join(outdir, "report.md"), "w") as f:
+        f.write("\n".join(parts) + "\n")
+    return os.path.join(outdir, "report.md")
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("experiment", choices=EXPERIMENTS + ["all", "report"])
+    ap.add_argument("--quick", action="store_true", help="a smoke run: tiny data, seconds per phase")
+    ap.add_argument("--scale", type=float, default=1.0, help="multiply data sizes (rows, cache, pool, volume)")
+    ap.add_argument("--slow", default="hdd", help="emulated profile of the slow device (hdd, sata-raid5, usb-disk)")
+    ap.add_argument("--results", default="bench-results", help="folder for JSON, charts, report.md")
+    ap.add_argument("--workdir", default="/var/tmp/tiercache-seeds", help="device files, mounts, databases")
+    ap.add_argument("--json", action="store_true", help="also print each experiment's JSON on stdout")
+    ap.add_argument("--cache", help="a real fast device (with --backing and --destructive)")
+    ap.add_argument("--backing", help="a real slow device")
+    ap.add_argument("--backing2", help="a second real slow device (race, dirty)")
+    ap.add_argument("--destructive", action="store_true", help="allow overwriting the real devices")
+    ap.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"),
+                    help="override one parameter of the experiment (e.g. --set events 2000)")
+    ap.add_argument("--tiercache", default=os.path.join(REPO, "target", "release", "tiercache"))
+    args = ap.parse_args(argv)
+    os.makedirs(args.results, exist_ok=True)
+    if args.experiment == "report":
+        print(write_report(args.results))
+        return 0
+    if os.geteuid() != 0:
+        sys.exit("seeds: run as root (loop devices and mounts)")
+    if bool(args.cache) != bool(args.backing):
+        sys.exit("seeds: --cache and --backing go together (real devices)")
+    if args.cache and not args.destructive:
+        sys.exit(f"seeds: {args.cache}, {args.backing}{', ' + args.backing2 if args.backing2 else ''} would be "
+                 "overwritten; add --destructive")
+    if args.slow not in ("hdd", "sata-raid5", "usb-disk", "nvme", "optane"):
+        sys.exit(f"seeds: unknown profile {args.slow!r} (hdd, sata-raid5, usb-disk)")
+    apt_install(PACKAGES)
+    if not os.path.exists(args.tiercache):
+        log("building tiercache (cargo build --release)")
+        subprocess.run(["cargo", "build", "--release", "-p", "tiercache-cli"], cwd=REPO, check=True)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+    todo = EXPERIMENTS if args.experiment == "all" else [args.experiment]
+    rc = 0
+    try:
+        for exp in todo:
+            ctx = Ctx(args, exp)
+            if os.path.exists(ctx.workdir):
+                shutil.rmtree(ctx.workdir)
+            os.makedirs(ctx.workdir)
+            t0 = time.monotonic()
+            res = globals()[f"exp_{exp}"](ctx)
+            CLEANUP.run_all()
+            if res is None:
+                continue
+            res["elapsed_s"] = round(time.monotonic() - t0)
+            with open(os.path.join(args.results, f"{exp}.json"), "w") as f:
+                json.dump(res, f, indent=1)
+            charts(res, args.results)
+            if args.json:
+                print(json.dumps(res))
+            for g in res.get("goals", []):
+                log(f"{exp}: {g['goal']}: {fmt(g['value'], 2)} ({'met' if g['met'] else 'not met'})")
+            log(f"{exp}: done in {res['elapsed_s']} s")
+            shutil.rmtree(ctx.workdir, ignore_errors=True)
+        log(f"report: {write_report(args.results)}")
+    except KeyboardInterrupt:
+        log("interrupted: cleaning up")
+        rc = 130
+    finally:
+        CLEANUP.run_all()
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
