@@ -367,6 +367,21 @@ def hit_ratio(before, after):
 # MariaDB and sysbench
 
 
+def pool_resize_options():
+    """Options that let the buffer pool grow online: MariaDB 10.11.12 and later reserve
+    innodb_buffer_pool_size_max at start (default: the starting size, so it could never grow);
+    earlier versions grow in chunks of innodb_buffer_pool_chunk_size."""
+    global _POOL_OPTS
+    if _POOL_OPTS is None:
+        helptext = subprocess.run(["mariadbd", "--no-defaults", "--verbose", "--help"], capture_output=True, text=True).stdout
+        _POOL_OPTS = (["--innodb-buffer-pool-size-max=16G"] if "innodb-buffer-pool-size-max" in helptext
+                      else ["--innodb-buffer-pool-chunk-size=4194304"])
+    return _POOL_OPTS
+
+
+_POOL_OPTS = None
+
+
 class MariaDB:
     def __init__(self, ctx, stack, port):
         self.ctx, self.stack, self.port = ctx, stack, port
@@ -385,7 +400,7 @@ class MariaDB:
         cmd = ["mariadbd", "--no-defaults", "--user=root", f"--datadir={self.datadir}", f"--socket={self.sock}",
                f"--port={self.port}", "--bind-address=127.0.0.1", f"--pid-file={self.stack.dir}/mysql.pid",
                "--skip-log-bin", f"--innodb-buffer-pool-size={buffer_pool}",
-               "--innodb-buffer-pool-chunk-size=4194304",
+               *pool_resize_options(),
                # Every point starts from what is in the pool, not from a dump of an earlier run.
                "--innodb-buffer-pool-load-at-startup=OFF", "--innodb-buffer-pool-dump-at-shutdown=OFF",
                "--innodb-log-file-size=64M", "--innodb-flush-log-at-trx-commit=1",
@@ -407,12 +422,14 @@ class MariaDB:
     def set_buffer_pool(self, nbytes):
         """Resizes the buffer pool online (pages already in it stay) and waits for the resize."""
         self.sql(f"SET GLOBAL innodb_buffer_pool_size = {nbytes}")
-        for _ in range(600):
-            st = self.sql("SHOW STATUS LIKE 'Innodb_buffer_pool_resize_status'")
-            if "Completed" in st or st.strip().endswith("Innodb_buffer_pool_resize_status") or not st.split("\t")[-1].strip():
-                break
+        for _ in range(240):
+            actual = int(self.sql("SELECT @@innodb_buffer_pool_size").strip())
+            status = self.sql("SHOW STATUS LIKE 'Innodb_buffer_pool_resize_status'").split("\t")[-1].strip()
+            if actual == nbytes and (not status or "Completed" in status):
+                return actual
             time.sleep(0.5)
-        return int(self.sql("SELECT @@innodb_buffer_pool_size").strip())
+        raise RuntimeError(f"{self.stack.name}: the buffer pool did not reach {mib(nbytes)} "
+                           f"(it is {mib(actual)}; resize status: {status!r})")
 
     def stop(self):
         if not self.proc or self.proc.poll() is not None:
@@ -652,7 +669,7 @@ def exp_race(ctx):
         ctx.copy_image(backing, fast, size)
         phase(f"race: ceiling (the same database on the fast device alone, {p['events']:,} transactions)")
         st = Stack(ctx, "fast", "passthrough", device=fast).up()
-        db = MariaDB(ctx, st, 3310).start(p["buffer_pool"])
+        db = MariaDB(ctx, st, ctx.args.port_base).start(p["buffer_pool"])
         run_sysbench(ctx, db, "oltp_read_only", p["threads"], seconds=p["warm_seconds"], label="fast warm-up")
         ceiling = run_sysbench(ctx, db, "oltp_read_write", p["threads"], events=p["events"],
                                seconds=p["cap_seconds"], label="fast")
@@ -663,8 +680,8 @@ def exp_race(ctx):
     phase("race: bolt-on (create a cache for the existing volume, serve, mount its ext4 as it is)")
     hyb = Stack(ctx, "hybrid", "hybrid", cache=cache, backing=ctx.slow(backing), cache_size=p["cache"]).up()
     slow = Stack(ctx, "slow", "passthrough", device=ctx.slow(backing2)).up()
-    dbh = MariaDB(ctx, hyb, 3311).start(p["buffer_pool"])
-    dbs = MariaDB(ctx, slow, 3312).start(p["buffer_pool"])
+    dbh = MariaDB(ctx, hyb, ctx.args.port_base + 1).start(p["buffer_pool"])
+    dbs = MariaDB(ctx, slow, ctx.args.port_base + 2).start(p["buffer_pool"])
 
     phase(f"race: warm-up (read-only, {p['warm_seconds']} s, both volumes, as the seed did)")
     w1 = Sysbench(ctx, dbh, "oltp_read_only", p["threads"], seconds=p["warm_seconds"])
@@ -757,7 +774,7 @@ def exp_sweep(ctx):
     for i, (name, kind, kw) in enumerate(targets):
         st = Stack(ctx, name.split()[0], kind, **kw).up()
         stacks.append(st)
-        dbs.append(MariaDB(ctx, st, 3310 + i).start(pools[0]))
+        dbs.append(MariaDB(ctx, st, ctx.args.port_base + i).start(pools[0]))
     rows = {name: [] for name, _, _ in targets}
     phase(f"sweep: {len(pools)} buffer pool sizes x {len(targets)} volumes "
           f"({p['warm_seconds']} s warm-up + {p['seconds']} s each, interleaved)")
@@ -816,7 +833,7 @@ def exp_dirty(ctx):
         st = Stack(ctx, f"dirty{high}", "hybrid", cache=caches[i], backing=ctx.slow(backings[i]),
                    cache_size=p["cache"], serve_extra=["--dirty-high", str(high), "--dirty-low", str(low)]).up()
         stacks.append(st)
-        dbs.append(MariaDB(ctx, st, 3310 + i).start(p["buffer_pool"]))
+        dbs.append(MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]))
     phase(f"dirty: write-only sysbench (uniform keys, {mib(data)} of data, {p['cache']} cache) on both, "
           f"in parallel, {p['seconds']} s")
     samplers = [StatusSampler(st) for st in stacks]
@@ -884,7 +901,7 @@ def exp_latency(ctx):
     for i, (short, kind, kw) in enumerate(specs):
         st = Stack(ctx, short, kind, **kw).up()
         stacks.append(st)
-        dbs.append(MariaDB(ctx, st, 3310 + i).start(p["buffer_pool"]))
+        dbs.append(MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]))
     phase(f"latency: warm-up (read-only, {p['warm_seconds']} s per volume)")
     for n, db in zip(names, dbs):
         run_sysbench(ctx, db, "oltp_read_only", 4, seconds=p["warm_seconds"], label=n)
@@ -1154,6 +1171,7 @@ def main(argv=None):
     ap.add_argument("--slow", default="hdd", help="emulated profile of the slow device (hdd, sata-raid5, usb-disk)")
     ap.add_argument("--results", default="bench-results", help="folder for JSON, charts, report.md")
     ap.add_argument("--workdir", default="/var/tmp/tiercache-seeds", help="device files, mounts, databases")
+    ap.add_argument("--port-base", type=int, default=3310, help="MariaDB servers listen on 127.0.0.1 from this port")
     ap.add_argument("--json", action="store_true", help="also print each experiment's JSON on stdout")
     ap.add_argument("--cache", help="a real fast device (with --backing and --destructive)")
     ap.add_argument("--backing", help="a real slow device")
