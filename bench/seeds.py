@@ -585,7 +585,7 @@ class Ctx:
             with open(image, "wb") as f:
                 f.truncate(size)
         st = Stack(self, stack_name, "passthrough", device=image).up(mkfs_size=size)
-        db = MariaDB(self, st, 3310)
+        db = MariaDB(self, st, self.args.port_base)
         db.install()
         db.start(buffer_pool)
         db.sql("CREATE DATABASE sbtest")
@@ -1228,6 +1228,9 @@ def main(argv=None):
         log("interrupted: cleaning up")
         rc = 130
     finally:
+        # A second Ctrl-C must not cut the clean-up short.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         CLEANUP.run_all()
     return rc
 

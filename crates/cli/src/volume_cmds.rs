@@ -347,6 +347,16 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         ),
         ("lost blocks", s.lost_blocks.to_string()),
         (
+            "dirty at the head",
+            format!(
+                "{} reclaims copied dense dirty windows forward, {} wrote them back; per block: write-back {}, copy {}",
+                s.counters.dense_copy_forwards,
+                s.counters.reclaim_write_backs,
+                s.reclaim_write_back_us_per_block.map_or("not yet measured".into(), |us| format!("{us:.1} µs")),
+                s.reclaim_copy_us_per_block.map_or("not yet measured".into(), |us| format!("{us:.1} µs")),
+            ),
+        ),
+        (
             "index RAM",
             format!(
                 "{} ({:.1} bytes per cached block), and {} for the eviction policy's ghost queue",

@@ -83,6 +83,13 @@ pub struct Status {
     /// RAM of the eviction policy's ghost queue (about 2 bytes per cache block).
     #[serde(default)]
     pub ghost_ram_bytes: u64,
+    /// Measured cost of freeing a dirty block at the log's head by writing it back, and by
+    /// copying it forward, in microseconds per block (smoothed; null until measured): what
+    /// reclaim compares when it meets a window dense in dirty blocks.
+    #[serde(default)]
+    pub reclaim_write_back_us_per_block: Option<f64>,
+    #[serde(default)]
+    pub reclaim_copy_us_per_block: Option<f64>,
     pub log_head: u64,
     pub log_tail: u64,
     pub log_used_permille: u64,

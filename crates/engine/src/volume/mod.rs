@@ -9,6 +9,8 @@
 //!   at the tail, the cache-device flush that makes it durable);
 //! - `reclaim.rs`: making room at the head of the log (evict clean, write back or copy
 //!   forward dirty, the reclaim record that moves the head);
+//! - `costs.rs`: the measured cost of writing back against copying forward, which decides
+//!   what reclaim does with a window dense in dirty blocks;
 //! - `checkpoint.rs`: the index written whole, so that recovery replays only what follows;
 //! - `read.rs`: the read path (staging, the record in flight, the cache, the backing device;
 //!   admission of misses);
@@ -71,6 +73,7 @@
 mod background;
 mod checkpoint;
 mod commit;
+mod costs;
 mod discard;
 mod lock_order;
 mod log_io;
@@ -236,6 +239,14 @@ pub struct Counters {
     pub reclaimed_blocks: u64,
     /// Live dirty blocks that reclaim moved to the tail instead of writing them back.
     pub copied_forward_blocks: u64,
+    /// Reclaims that met more dirty blocks than one record holds and copied them forward in
+    /// a shorter window instead of writing them back, because that was measured cheaper
+    /// (`costs.rs`).
+    #[serde(default)]
+    pub dense_copy_forwards: u64,
+    /// Reclaims that wrote dirty blocks back themselves while a writer waited for room.
+    #[serde(default)]
+    pub reclaim_write_backs: u64,
     /// Clean blocks read since they were cached that reclaim moved to the tail instead of
     /// evicting them (the eviction policy's reinsertion).
     #[serde(default)]
@@ -305,6 +316,8 @@ struct State {
     /// (log position, clock ns) of recent records, to date the oldest dirty block.
     age_samples: VecDeque<(u64, u64)>,
     counters: Counters,
+    /// What freeing dirty blocks at the head has cost so far, each way (`costs.rs`).
+    costs: costs::ReclaimCosts,
     destaging: bool,
     /// Writes that went around the cache and what they still owe (see `write_around.rs`).
     around: write_around::Around,
@@ -532,6 +545,7 @@ impl Volume {
                 poisoned: None,
                 age_samples: VecDeque::new(),
                 counters: Counters::default(),
+                costs: costs::ReclaimCosts::default(),
                 destaging: false,
                 around: write_around::Around::default(),
                 streams: streams::Streams::default(),

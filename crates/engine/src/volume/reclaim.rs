@@ -18,6 +18,7 @@
 //! segment per reclaim record, whose window then ends early rather than evict a block its
 //! count keeps.
 
+use super::costs::DENSE_MIN_FREE_DIVISOR;
 use super::*;
 
 impl Volume {
@@ -44,13 +45,24 @@ impl Volume {
         let (mut new_head, mut live) = self.reclaim_window(head, target, checkpoint);
         let mut dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
         if dirty.len() > self.copy_forward_max() {
-            self.write_back_for_reclaim(std::mem::take(&mut dirty), new_head)?;
-            // The window as the write-back left it (clean now, read counts kept).
-            let st = self.lock();
-            live = self.live_between(&st, head, new_head).collect();
+            let cut = self.dense_copy_cut(&self.lock(), head, new_head, &live, dirty.len());
+            if let Some(cut) = cut {
+                // Copied forward in a shorter window: cheaper than the write-back (costs.rs).
+                new_head = cut;
+                live.retain(|p| p.position < cut);
+                dirty.retain(|p| p.position < cut);
+                self.lock().counters.dense_copy_forwards += 1;
+            } else {
+                self.write_back_for_reclaim(std::mem::take(&mut dirty), new_head)?;
+                // The window as the write-back left it (clean now, read counts kept).
+                let mut st = self.lock();
+                st.counters.reclaim_write_backs += 1;
+                live = self.live_between(&st, head, new_head).collect();
+            }
         }
         let room = self.copy_forward_max() - dirty.len();
         let kept = self.reinsertions(head, &mut new_head, &mut live, dirty.len(), room);
+        let copy_started_ns = self.clock.now_ns();
         let mut copies = self.read_copies(io, dirty, kept)?;
         // Every loss not yet in a written record goes into the reclaim record (below), because
         // the head is about to pass blocks that recovery would otherwise replay as dirty (or,
@@ -72,6 +84,10 @@ impl Volume {
         self.cache_io("writing a reclaim record", result)?;
         self.lock().written_tail = pos + blocks;
         self.flush_cache(sabotaged!(self, ReclaimSkipsMarkerFlush))?;
+        if !copies.is_empty() {
+            let ns = self.clock.now_ns().saturating_sub(copy_started_ns);
+            self.lock().costs.note_copy(ns, blocks);
+        }
         tracing::debug!(
             head,
             new_head,
@@ -104,6 +120,42 @@ impl Volume {
             target += seg;
         }
         (target, picked(head, target))
+    }
+
+    /// Where to end a window holding more live dirty blocks than a reclaim record copies
+    /// forward (`window_dirty` of them in `[head, new_head)`), so that its copies (dirty
+    /// blocks and the clean ones the eviction policy keeps, in log order) just fill the
+    /// record: `Some(cut)` if that shorter window still frees an eighth of its length beyond
+    /// the record, dirty data is below the high watermark (above it, write-back is what
+    /// brings it down), and copying was measured cheaper than writing back (`costs.rs`);
+    /// `None` to write the window back instead.
+    pub(super) fn dense_copy_cut(
+        &self,
+        st: &State,
+        head: u64,
+        new_head: u64,
+        live: &[Picked],
+        window_dirty: usize,
+    ) -> Option<u64> {
+        let max = self.copy_forward_max();
+        let mut copies = 0;
+        let cut = live.iter().find(|p| {
+            if p.entry.dirty || self.keeps(p) {
+                copies += 1;
+            }
+            copies > max
+        })?;
+        let cut = cut.position;
+        let window = cut - head;
+        let freed = window.saturating_sub(1 + max as u64);
+        if freed == 0 || freed < window / DENSE_MIN_FREE_DIVISOR {
+            return None;
+        }
+        if st.index.dirty_len() as u64 > self.dirty_high_blocks {
+            return None;
+        }
+        let cheaper = st.costs.copy_is_cheaper(max as u64, freed, window_dirty as u64, new_head - head);
+        cheaper.then_some(cut)
     }
 
     /// The window is mostly dirty: the cache is full of data not yet written back, and the

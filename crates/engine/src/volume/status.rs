@@ -18,6 +18,7 @@ impl Volume {
             t.map_or(0.0, |&(_, t)| now.saturating_sub(t) as f64 / 1e9)
         });
         let c = st.counters;
+        let (write_back_ns, copy_ns) = st.costs.get();
         let lookups = c.read_hit_blocks + c.read_miss_blocks;
         crate::Status {
             mode: sb.mode.name().to_string(),
@@ -43,6 +44,8 @@ impl Volume {
             index_ram_bytes: st.index.memory_bytes() as u64,
             index_ram_bytes_per_cached_block: st.index.bytes_per_cached_block(),
             ghost_ram_bytes: st.ghosts.memory_bytes() as u64,
+            reclaim_write_back_us_per_block: write_back_ns.map(|ns| ns as f64 / 1e3),
+            reclaim_copy_us_per_block: copy_ns.map(|ns| ns as f64 / 1e3),
             log_head: st.head,
             log_tail: st.tail,
             log_used_permille: (st.tail - st.head) * 1000 / self.layout.log_blocks,

@@ -40,7 +40,8 @@ impl Volume {
     }
 
     /// `destage_oldest`; with `dense_only`, a segment-sized stretch is written back only if
-    /// it holds more dirty blocks than reclaim would copy forward: a sparsely dirty stretch
+    /// it holds more dirty blocks than reclaim would copy forward and reclaim would not copy
+    /// it forward in a shorter window either (`dense_copy_cut`): a sparsely dirty stretch
     /// costs reclaim one cache read and write of its few dirty blocks, less than a write-back
     /// (the pre-cleaner below the watermark chooses the cheaper of the two this way).
     pub(super) fn preclean(&self, max_blocks: usize, dense_only: bool) -> Result<usize> {
@@ -55,8 +56,12 @@ impl Volume {
             let mut pos = from;
             while pos < until && batch.len() < max_blocks {
                 let end = (pos + stretch).min(until);
-                let dirty: Vec<Picked> = self.live_between(&st, pos, end).filter(|p| p.entry.dirty).collect();
-                if !dense_only || dirty.len() > self.copy_forward_max() {
+                let live: Vec<Picked> = self.live_between(&st, pos, end).collect();
+                let dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
+                // (A dense stretch that reclaim will copy forward, because that costs less,
+                // is left to it: a write-back ahead of time would only spend backing I/O.)
+                let dense = dirty.len() > self.copy_forward_max();
+                if !dense_only || (dense && self.dense_copy_cut(&st, pos, end, &live, dirty.len()).is_none()) {
                     batch.extend(dirty);
                 }
                 pos = end;
@@ -94,6 +99,7 @@ impl Volume {
     pub(super) fn destage_blocks(&self, mut blocks: Vec<Picked>) -> Result<usize> {
         let bs = self.bs;
         let started = std::time::Instant::now();
+        let started_ns = self.clock.now_ns();
         blocks.sort_unstable_by_key(|p| p.block);
         let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
         let slots: Vec<u32> = blocks.iter().map(|p| p.entry.slot).collect();
@@ -103,7 +109,10 @@ impl Volume {
         if !keep.iter().any(|&k| k) {
             return Ok(0);
         }
-        self.write_back_kept(&blocks, &data, &keep, started)
+        let written = self.write_back_kept(&blocks, &data, &keep, started)?;
+        let ns = self.clock.now_ns().saturating_sub(started_ns);
+        self.lock().costs.note_write_back(ns, written as u64);
+        Ok(written)
     }
 
     /// `destage_blocks` after verification: the kept blocks to the backing device, flushed,

@@ -1,0 +1,126 @@
+//! What freeing the log's head costs, measured: reclaim meets a window whose live dirty blocks
+//! are too many for one reclaim record, and either writes them back (a backing write and
+//! flush: seconds on an HDD or a RAID5 under load, while the writer that needs the room
+//! waits) or copies them forward in a shorter window (a cache read, a record write and a cache
+//! flush: tens of microseconds on the fast device, but the copies take log space again). The
+//! cheaper of the two depends on the devices, so both are timed as they happen (the volume's
+//! clock: virtual time in the simulators, so their choices replay exactly) and compared per
+//! block the window frees (docs/format.md 4.5, "dense windows").
+//!
+//! Invariant: the choice never decides what is correct, only what is cheaper; both paths
+//! leave the index and the log as reclaim always has (a shorter window is the same shape as
+//! the one the eviction policy's reinsertions already cut).
+
+/// Exponentially weighted costs, in nanoseconds per block, of the two ways to free dirty
+/// blocks at the head. `None` until first measured.
+#[derive(Default, Debug, Clone, Copy)]
+pub(crate) struct ReclaimCosts {
+    /// A write-back batch (cache read, backing writes, backing flush, mark-clean) per block
+    /// it wrote.
+    write_back_ns_per_block: Option<u64>,
+    /// A reclaim record with copies (cache read of the copies, the record write, the cache
+    /// flush) per block it wrote.
+    copy_ns_per_block: Option<u64>,
+}
+
+/// A copy-forward must look this many times cheaper than the write-back it replaces: the
+/// copies take log space that the write-back would have freed for good, and a timing is
+/// noisy (a hiccup must not flip the choice back and forth).
+const COPY_MARGIN: u64 = 2;
+
+/// A shortened window must free at least this fraction (1/N) of its length beyond its
+/// record: a window denser in dirty blocks than that is written back (copying it would
+/// move the data around the log for little room).
+pub(crate) const DENSE_MIN_FREE_DIVISOR: u64 = 8;
+
+impl ReclaimCosts {
+    fn blend(old: Option<u64>, ns: u64, blocks: u64) -> Option<u64> {
+        let sample = ns / blocks.max(1);
+        Some(old.map_or(sample, |o| (3 * o + sample) / 4))
+    }
+
+    pub(crate) fn note_write_back(&mut self, ns: u64, blocks: u64) {
+        if blocks > 0 {
+            self.write_back_ns_per_block = Self::blend(self.write_back_ns_per_block, ns, blocks);
+        }
+    }
+
+    pub(crate) fn note_copy(&mut self, ns: u64, blocks: u64) {
+        if blocks > 0 {
+            self.copy_ns_per_block = Self::blend(self.copy_ns_per_block, ns, blocks);
+        }
+    }
+
+    /// Whether copying `copies` blocks forward to free `freed` is cheaper than writing back
+    /// `dirty` blocks to free `window`. Until a write-back has been timed, no (the write-back
+    /// times itself); once it has, a copy-forward is tried if it has never been timed.
+    pub(crate) fn copy_is_cheaper(&self, copies: u64, freed: u64, dirty: u64, window: u64) -> bool {
+        assert!(freed > 0 && window > 0, "a window that frees nothing: {freed} of {window}");
+        match (self.write_back_ns_per_block, self.copy_ns_per_block) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(wb), Some(cp)) => {
+                // Per block freed: (1 + copies) written by the record, against `dirty`
+                // written back for the whole window.
+                let copy = u128::from(cp) * u128::from(1 + copies) * u128::from(window) * u128::from(COPY_MARGIN);
+                let write_back = u128::from(wb) * u128::from(dirty) * u128::from(freed);
+                copy < write_back
+            }
+        }
+    }
+
+    /// (write-back, copy) in ns per block, for `status`.
+    pub(crate) fn get(&self) -> (Option<u64>, Option<u64>) {
+        (self.write_back_ns_per_block, self.copy_ns_per_block)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_is_copied_until_a_write_back_was_timed() {
+        let mut c = ReclaimCosts::default();
+        assert!(!c.copy_is_cheaper(100, 50, 150, 256));
+        c.note_copy(1_000, 10);
+        assert!(!c.copy_is_cheaper(100, 50, 150, 256));
+        let mut c = ReclaimCosts::default();
+        c.note_write_back(1_000_000, 100);
+        assert!(c.copy_is_cheaper(100, 50, 150, 256), "an untimed copy is tried once");
+    }
+
+    #[test]
+    fn the_cheaper_way_wins_with_a_margin() {
+        let mut c = ReclaimCosts::default();
+        // A slow backing device: 5 ms a block written back, 20 us a block copied.
+        c.note_write_back(5_000_000, 1);
+        c.note_copy(20_000, 1);
+        assert!(c.copy_is_cheaper(128, 40, 150, 170));
+        // Comparable devices: copying 128 blocks to free 40 is not worth it.
+        let mut c = ReclaimCosts::default();
+        c.note_write_back(20_000, 1);
+        c.note_copy(20_000, 1);
+        assert!(!c.copy_is_cheaper(128, 40, 150, 170));
+        // Equal costs per block: 11 blocks written to free 100 (0.11 a freed block) against
+        // 10 written back to free 120 (0.083): write back. Against 30 written back (0.25):
+        // copying costs 0.44 of it, inside the margin of 2: copy. Against 20 (0.167): 0.66,
+        // not cheap enough.
+        let mut c = ReclaimCosts::default();
+        c.note_write_back(10_000, 1);
+        c.note_copy(10_000, 1);
+        assert!(!c.copy_is_cheaper(10, 100, 10, 120));
+        assert!(c.copy_is_cheaper(10, 100, 30, 120));
+        assert!(!c.copy_is_cheaper(10, 100, 20, 120));
+    }
+
+    #[test]
+    fn costs_are_smoothed() {
+        let mut c = ReclaimCosts::default();
+        c.note_write_back(4_000, 1);
+        c.note_write_back(8_000, 1);
+        assert_eq!(c.get().0, Some(5_000));
+        c.note_write_back(0, 0);
+        assert_eq!(c.get().0, Some(5_000), "an empty batch is no sample");
+    }
+}
