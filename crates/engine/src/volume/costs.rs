@@ -36,7 +36,8 @@ pub(crate) const DENSE_MIN_FREE_DIVISOR: u64 = 8;
 impl ReclaimCosts {
     fn blend(old: Option<u64>, ns: u64, blocks: u64) -> Option<u64> {
         let sample = ns / blocks.max(1);
-        Some(old.map_or(sample, |o| (3 * o + sample) / 4))
+        // (Saturating: a clock that jumps must not panic the writer.)
+        Some(old.map_or(sample, |o| o.saturating_mul(3).saturating_add(sample) / 4))
     }
 
     pub(crate) fn note_write_back(&mut self, ns: u64, blocks: u64) {
@@ -122,5 +123,8 @@ mod tests {
         assert_eq!(c.get().0, Some(5_000));
         c.note_write_back(0, 0);
         assert_eq!(c.get().0, Some(5_000), "an empty batch is no sample");
+        c.note_write_back(u64::MAX, 1);
+        c.note_write_back(u64::MAX, 1);
+        assert!(c.get().0.unwrap() > 1 << 61, "a clock that jumps saturates instead of overflowing");
     }
 }

@@ -62,8 +62,11 @@ impl Volume {
         }
         let room = self.copy_forward_max() - dirty.len();
         let kept = self.reinsertions(head, &mut new_head, &mut live, dirty.len(), room);
-        let copy_started_ns = self.clock.now_ns();
+        // (The copy's cost: reading the copies, then writing and flushing the record; not the
+        // loss checkpoint or the write-around settle in between, which any reclaim may owe.)
+        let read_started_ns = self.clock.now_ns();
         let mut copies = self.read_copies(io, dirty, kept)?;
+        let read_ns = self.clock.now_ns().saturating_sub(read_started_ns);
         // Every loss not yet in a written record goes into the reclaim record (below), because
         // the head is about to pass blocks that recovery would otherwise replay as dirty (or,
         // once passed, forget, serving the stale backing copy). If they do not all fit, a
@@ -80,12 +83,13 @@ impl Volume {
             self.settle_write_around()?;
             self.seal_reclaim_record(io, &live, &mut copies, head, new_head)
         };
+        let write_started_ns = self.clock.now_ns();
         let result = self.write_log(pos, &io.copy[..blocks as usize * self.bs]);
         self.cache_io("writing a reclaim record", result)?;
         self.lock().written_tail = pos + blocks;
         self.flush_cache(sabotaged!(self, ReclaimSkipsMarkerFlush))?;
         if !copies.is_empty() {
-            let ns = self.clock.now_ns().saturating_sub(copy_started_ns);
+            let ns = read_ns.saturating_add(self.clock.now_ns().saturating_sub(write_started_ns));
             self.lock().costs.note_copy(ns, blocks);
         }
         tracing::debug!(
@@ -126,9 +130,9 @@ impl Volume {
     /// forward (`window_dirty` of them in `[head, new_head)`), so that its copies (dirty
     /// blocks and the clean ones the eviction policy keeps, in log order) just fill the
     /// record: `Some(cut)` if that shorter window still frees an eighth of its length beyond
-    /// the record, dirty data is below the high watermark (above it, write-back is what
-    /// brings it down), and copying was measured cheaper than writing back (`costs.rs`);
-    /// `None` to write the window back instead.
+    /// the record, dirty data is at or below the high watermark and not draining (above it,
+    /// write-back is what brings it down), and copying was measured cheaper than writing back
+    /// (`costs.rs`); `None` to write the window back instead.
     pub(super) fn dense_copy_cut(
         &self,
         st: &State,
@@ -151,7 +155,9 @@ impl Volume {
         if freed == 0 || freed < window / DENSE_MIN_FREE_DIVISOR {
             return None;
         }
-        if st.index.dirty_len() as u64 > self.dirty_high_blocks {
+        // (The background round's view of the watermark: staged data counts, and once above
+        // the high watermark the destager drains to the low one.)
+        if st.destaging || (st.index.dirty_len() + st.staging.data.len()) as u64 > self.dirty_high_blocks {
             return None;
         }
         let cheaper = st.costs.copy_is_cheaper(max as u64, freed, window_dirty as u64, new_head - head);

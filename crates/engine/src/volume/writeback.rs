@@ -39,11 +39,13 @@ impl Volume {
         self.preclean(max_blocks, false)
     }
 
-    /// `destage_oldest`; with `dense_only`, a segment-sized stretch is written back only if
-    /// it holds more dirty blocks than reclaim would copy forward and reclaim would not copy
-    /// it forward in a shorter window either (`dense_copy_cut`): a sparsely dirty stretch
-    /// costs reclaim one cache read and write of its few dirty blocks, less than a write-back
-    /// (the pre-cleaner below the watermark chooses the cheaper of the two this way).
+    /// `destage_oldest`; with `dense_only`, the pre-cleaner walks the log as reclaim will, a
+    /// segment-sized window at a time: a window is written back only if it holds more dirty
+    /// blocks than reclaim copies forward and reclaim would not copy it forward in a shorter
+    /// window either (`dense_copy_cut`); after such a cut the next window starts at the cut,
+    /// as reclaim's does. A sparsely dirty stretch costs reclaim one cache read and write of
+    /// its few dirty blocks, less than a write-back (the pre-cleaner below the watermark
+    /// chooses the cheaper of the two this way).
     pub(super) fn preclean(&self, max_blocks: usize, dense_only: bool) -> Result<usize> {
         let _cursor = self.lock_destage();
         let (batch, until) = {
@@ -55,13 +57,25 @@ impl Volume {
             let mut batch = Vec::new();
             let mut pos = from;
             while pos < until && batch.len() < max_blocks {
-                let end = (pos + stretch).min(until);
+                let end = pos + stretch;
+                if end > until && dense_only {
+                    // (A stretch cut short by the horizon is judged whole on a later round,
+                    // not now on its first part alone.)
+                    break;
+                }
+                let end = end.min(until);
                 let live: Vec<Picked> = self.live_between(&st, pos, end).collect();
                 let dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
-                // (A dense stretch that reclaim will copy forward, because that costs less,
-                // is left to it: a write-back ahead of time would only spend backing I/O.)
-                let dense = dirty.len() > self.copy_forward_max();
-                if !dense_only || (dense && self.dense_copy_cut(&st, pos, end, &live, dirty.len()).is_none()) {
+                if dense_only && dirty.len() > self.copy_forward_max() {
+                    // Reclaim's own choice for this window: copied forward up to the cut
+                    // (cheaper: no write-back ahead of it), and its next window starts there,
+                    // off the segment boundary, as reclaim's will; or written back.
+                    if let Some(cut) = self.dense_copy_cut(&st, pos, end, &live, dirty.len()) {
+                        pos = cut;
+                        continue;
+                    }
+                }
+                if !dense_only || dirty.len() > self.copy_forward_max() {
                     batch.extend(dirty);
                 }
                 pos = end;
