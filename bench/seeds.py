@@ -1198,6 +1198,9 @@ def main(argv=None):
     if not os.path.exists(args.tiercache):
         log("building tiercache (cargo build --release)")
         subprocess.run(["cargo", "build", "--release", "-p", "tiercache-cli"], cwd=REPO, check=True)
+    # (Set explicitly: a script started in the background inherits SIGINT ignored, and Python
+    # then installs no KeyboardInterrupt for it.)
+    signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
     todo = EXPERIMENTS if args.experiment == "all" else [args.experiment]

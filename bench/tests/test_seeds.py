@@ -93,15 +93,17 @@ class Parsers(unittest.TestCase):
     def test_report_without_results(self):
         with tempfile.TemporaryDirectory() as d:
             path = seeds.write_report(d)
-            self.assertIn("No experiment has run yet", open(path).read())
+            with open(path) as f:
+                self.assertIn("No experiment has run yet", f.read())
 
 
 def leftovers(workdir):
     """Mounts, loop devices and processes that still refer to `workdir`."""
     found = []
-    for line in open("/proc/mounts"):
-        if workdir in line:
-            found.append("mount: " + line.split()[1])
+    with open("/proc/mounts") as f:
+        for line in f:
+            if workdir in line:
+                found.append("mount: " + line.split()[1])
     loops = json.loads(subprocess.run(["losetup", "-J", "-l"], capture_output=True, text=True).stdout or '{"loopdevices": []}')
     for dev in loops.get("loopdevices", []):
         if workdir in (dev.get("back-file") or ""):
@@ -109,7 +111,8 @@ def leftovers(workdir):
     for pid in os.listdir("/proc"):
         if pid.isdigit() and int(pid) != os.getpid():
             try:
-                cmd = open(f"/proc/{pid}/cmdline", "rb").read().replace(b"\0", b" ").decode()
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read().replace(b"\0", b" ").decode()
             except OSError:
                 continue
             if workdir in cmd:
@@ -121,8 +124,11 @@ def leftovers(workdir):
 class Interrupted(unittest.TestCase):
     def interrupt(self, sig, when):
         with tempfile.TemporaryDirectory(dir="/var/tmp") as work, tempfile.TemporaryDirectory() as results:
+            # (From a shell that started this test in the background SIGINT arrives ignored:
+            # the script must catch it anyway.)
             p = subprocess.Popen([SCRIPT, "race", "--quick", "--workdir", work, "--results", results,
-                                  "--port-base", "3410"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                                  "--port-base", "3410"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                 preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
             seen = []
             deadline = time.monotonic() + 300
             for line in p.stderr:
