@@ -157,10 +157,12 @@ def moving_average(xs, window):
     return out
 
 
-def settle_time(series, window=10, band=0.25):
+def settle_time(series, window=None, band=0.25):
     """The first second after which the `window`-second moving average of `series` (one value
-    per second) stays within +-band of the median of the run's last third; None if it never
+    per second; by default a tenth of the run, at least 10 s: a database on an HDD commits in
+    bursts) stays within +-band of the median of the run's last third; None if it never
     does. Returns (seconds, settled_rate)."""
+    window = window or max(10, len(series) // 10)
     if len(series) < 3 * window:
         return None, median(series)
     settled = median(series[len(series) * 2 // 3:])
@@ -1122,8 +1124,10 @@ def section(res):
         for r in res["rows"]:
             lines.append(f"| {r['dirty_high_percent']} % | {fmt(r['tps'])} | {fmt(r['settled_tps'])} | "
                          f"{fmt(r['settle_seconds'])} | {r['zero_tps_seconds']} | {fmt(r['latency_ms_p99'])} | {fmt(r['destaged_mib'])} |")
-        lines += ["", "Settled: the median tps of the last third of the run; it settles when the 10 s moving "
-                  "average stays within 25 % of that.", "", "![dirty](dirty-tps.png)"]
+        lines += ["", "Settled: the median tps of the last third of the run; it settles when the moving "
+                  "average over a tenth of the run (at least 10 s) stays within 25 % of that. Seconds at "
+                  "0 tps: one-second intervals in which no transaction completed (after the first 5 s).",
+                  "", "![dirty](dirty-tps.png)"]
     elif exp == "latency":
         names = list(res["rows"])
         lines += ["| threads | " + " | ".join(f"{n} p95 / p99 ms" for n in names) + " |",
