@@ -68,8 +68,8 @@ DEFAULTS = {
                   warm_seconds=15, seconds=30, fractions=[0.125, 0.25, 1 / 3, 0.5, 1.25]),
     "dirty": dict(tables=8, table_size=250_000, cache="128M", buffer_pool="32M", volume="2G",
                   threads=8, seconds=300, highs=[20, 80]),
-    "latency": dict(tables=4, table_size=250_000, cache="256M", buffer_pool="16M", volume="2G",
-                    threads_list=[1, 4, 16, 64], warm_seconds=30, seconds=20),
+    "latency": dict(tables=4, table_size=250_000, cache="384M", buffer_pool="16M", volume="2G",
+                    threads_list=[1, 4, 16, 64], warm_seconds=15, seconds=20),
 }
 QUICK = {
     "race": dict(tables=2, table_size=10_000, cache="16M", buffer_pool="8M", volume="256M",
@@ -78,7 +78,7 @@ QUICK = {
                   warm_seconds=3, seconds=5, fractions=[0.5, 1.25]),
     "dirty": dict(tables=2, table_size=10_000, cache="16M", buffer_pool="8M", volume="256M",
                   threads=4, seconds=15, highs=[20, 80]),
-    "latency": dict(tables=2, table_size=10_000, cache="16M", buffer_pool="8M", volume="256M",
+    "latency": dict(tables=2, table_size=10_000, cache="48M", buffer_pool="8M", volume="256M",
                     threads_list=[1, 4], warm_seconds=3, seconds=5),
 }
 
@@ -316,6 +316,12 @@ class Stack:
         if self.token is not None:
             CLEANUP.pop(self.token)
             self.token = None
+
+    def preload(self, paths):
+        """`tiercache preload` of files on this volume's ext4 (the hybrid's cache warmed at the
+        backing device's sequential speed, the blocks kept as hot)."""
+        out = run([self.ctx.tc, "preload", "--cache", self.cache, "--control", self.control, "--json", *paths])
+        return json.loads(out)
 
     def status(self):
         if self.kind != "hybrid":
@@ -904,7 +910,17 @@ def exp_latency(ctx):
         st = Stack(ctx, short, kind, **kw).up()
         stacks.append(st)
         dbs.append(MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]))
-    phase(f"latency: warm-up (read-only, {p['warm_seconds']} s per volume)")
+    # The seed compares devices holding the working set: the hybrids' caches are warmed with
+    # `tiercache preload` of the database's files (a read-only run on an HDD would take
+    # minutes to fill them), then every volume's buffer pool with a short read-only run.
+    phase(f"latency: warm-up (tiercache preload of the database files into each hybrid's cache, then "
+          f"read-only, {p['warm_seconds']} s per volume)")
+    res["preload"] = {}
+    for n, st in zip(names, stacks):
+        if st.kind == "hybrid":
+            pre = st.preload([os.path.join(st.mnt, "mysql")])
+            res["preload"][n] = pre
+            log(f"{n}: preloaded {pre}")
     for n, db in zip(names, dbs):
         run_sysbench(ctx, db, "oltp_read_only", 4, seconds=p["warm_seconds"], label=n)
     phase(f"latency: threads {p['threads_list']} x {len(names)} volumes, {p['seconds']} s each, interleaved")
@@ -960,6 +976,8 @@ SEED_DATA_GB = 18
 
 def caption(res):
     where = "real devices" if res["real_devices"] else f"slow device: emulated {res['slow_profile']} profile"
+    if res["experiment"] == "fsync":
+        where = "emulated devices (bench fsync's matrix)"
     return f"{where}; {res['date']}, commit {res['commit']}, {res['cpus']} cores"
 
 
@@ -971,6 +989,7 @@ def charts(res, outdir):
     made = []
 
     def save(fig, name):
+        name += res.get("tag", "")
         fig.text(0.01, 0.005, caption(res), fontsize=7, color="#555")
         fig.tight_layout(rect=(0, 0.03, 1, 1))
         for ext in ("png", "svg"):
@@ -1084,14 +1103,18 @@ def goals_md(res):
 def section(res):
     exp = res["experiment"]
     p = res["params"]
+    tag = res.get("tag", "")
     lines = []
     head = {"race": "1. Race (seed 1: Intel CAS + Optane over RAID5, 5.6x)",
             "sweep": "2. Sweep: buffer pool against fast storage (seed 5)",
             "dirty": "3. Dirty threshold (seed 3: FlashCache, 20 % vs 80 %, 1.7x)",
             "latency": "4. Tail latency (seed 4: Optane vs NAND, small buffer pool)",
             "fsync": "5. fsync (seed 2: dm-cache, bcache, ZFS SLOG)"}[exp]
+    if tag:
+        head += f", slow device {res['slow_profile']}"
     lines += [f"## {head}", "", f"{caption(res)}; {'quick' if res['quick'] else 'scale ' + str(res['scale'])}. "
-              f"Command: `bench/seeds.py {exp}{' --quick' if res['quick'] else ''}`.", ""]
+              f"Command: `bench/seeds.py {exp}{' --quick' if res['quick'] else ''}"
+              f"{' --slow ' + res['slow_profile'] if tag else ''}`.", ""]
     if "data_bytes" in res:
         lines.append(f"Data: {p.get('tables')} tables x {p.get('table_size'):,} rows = {mib(res['data_bytes'])}; "
                      + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in p.items()
@@ -1107,7 +1130,7 @@ def section(res):
                   + (f", at {res['hybrid_vs_fast']} of the fast device alone" if res.get("hybrid_vs_fast") else "")
                   + f"; the cache's read hit ratio during the race: {fmt(res['hybrid_read_hit_ratio'], 3)}. "
                   f"Warm-up (read-only): hybrid {fmt(res['warm']['hybrid_tps'])} tps, slow {fmt(res['warm']['slow_tps'])} tps.",
-                  "", "![race](race-qps.png)"]
+                  "", f"![race](race-qps{tag}.png)"]
     elif exp == "sweep":
         names = list(res["rows"])
         lines += ["| buffer pool | data / pool | " + " | ".join(f"{n} tps" for n in names) + " | hybrid read hits |",
@@ -1117,7 +1140,7 @@ def section(res):
             lines.append(f"| {mib(r0['buffer_pool_bytes'])} | {r0['data_over_pool']} | "
                          + " | ".join(fmt(res["rows"][n][i]["tps"]) for n in names)
                          + f" | {fmt(res['rows']['hybrid'][i]['read_hit_ratio'], 3)} |")
-        lines += ["", "![sweep](sweep-tps.png)"]
+        lines += ["", f"![sweep](sweep-tps{tag}.png)"]
     elif exp == "dirty":
         lines += ["| high watermark | tps (whole run) | settled tps | settles after (s) | seconds at 0 tps | p99 ms | written back (MiB) |",
                   "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -1127,7 +1150,7 @@ def section(res):
         lines += ["", "Settled: the median tps of the last third of the run; it settles when the moving "
                   "average over a tenth of the run (at least 10 s) stays within 25 % of that. Seconds at "
                   "0 tps: one-second intervals in which no transaction completed (after the first 5 s).",
-                  "", "![dirty](dirty-tps.png)"]
+                  "", f"![dirty](dirty-tps{tag}.png)"]
     elif exp == "latency":
         names = list(res["rows"])
         lines += ["| threads | " + " | ".join(f"{n} p95 / p99 ms" for n in names) + " |",
@@ -1135,13 +1158,13 @@ def section(res):
         for i, t in enumerate(p["threads_list"]):
             lines.append(f"| {t} | " + " | ".join(f"{fmt(res['rows'][n][i]['latency_ms_p95'])} / {fmt(res['rows'][n][i]['latency_ms_p99'])}"
                                                  for n in names) + " |")
-        lines += ["", "![latency](latency-p95-p99.png)"]
+        lines += ["", f"![latency](latency-p95-p99{tag}.png)"]
     elif exp == "fsync":
         lines += ["| target | fsync/s | p50 us | p99 us | seed figure |", "| --- | ---: | ---: | ---: | ---: |"]
         for r in res["bench"]["results"]:
             lines.append(f"| {r['target']} | {fmt(r['fsyncs_per_second'], 0)} | {fmt(r['latency_us_p50'])} | "
                          f"{fmt(r['latency_us_p99'])} | {fmt(r.get('documented_fsyncs_per_second'), 0)} |")
-        lines += ["", "![fsync](fsync-rate.png)"]
+        lines += ["", f"![fsync](fsync-rate{tag}.png)"]
     lines += goals_md(res)
     lines += ["", f"Kernel caches: {res['kernel_caches']['note']}.", ""]
     return lines
@@ -1152,10 +1175,12 @@ def write_report(outdir):
              "Written by `bench/seeds.py`; each section is the latest run of that experiment in this folder.", ""]
     found = False
     for exp in EXPERIMENTS:
-        path = os.path.join(outdir, f"{exp}.json")
-        if os.path.exists(path):
+        # (The default slow profile's run first, then any other profile's, `EXP-PROFILE.json`.)
+        names = sorted(n for n in os.listdir(outdir) if re.fullmatch(rf"{exp}(-[a-z0-9-]+)?\.json", n))
+        for name in sorted(names, key=lambda n: (n != f"{exp}.json", n)):
             found = True
-            parts += section(json.load(open(path)))
+            with open(os.path.join(outdir, name)) as f:
+                parts += section(json.load(f))
     if not found:
         parts.append("No experiment has run yet.")
     with open(os.path.join(outdir, "report.md"), "w") as f:
@@ -1221,7 +1246,9 @@ def main(argv=None):
             if res is None:
                 continue
             res["elapsed_s"] = round(time.monotonic() - t0)
-            with open(os.path.join(args.results, f"{exp}.json"), "w") as f:
+            # (A slow profile other than the default is kept beside it: race-sata-raid5.json.)
+            res["tag"] = "" if args.slow == "hdd" or exp == "fsync" else f"-{args.slow}"
+            with open(os.path.join(args.results, f"{exp}{res['tag']}.json"), "w") as f:
                 json.dump(res, f, indent=1)
             charts(res, args.results)
             if args.json:
