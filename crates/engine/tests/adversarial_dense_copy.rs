@@ -44,8 +44,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tiercache_device::{BlockDevice, Clock as _, SimClock, SimDevice, SimLatency};
-use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
-use tiercache_format::Layout;
+use tiercache_engine::{Volume, VolumeOptions};
 
 mod common;
 use common::holds::{join_within, Dev, Op};
@@ -79,19 +78,7 @@ fn new_devices(
     cache_latency: SimLatency,
     backing_latency: SimLatency,
 ) -> (Arc<SimDevice>, Arc<SimDevice>) {
-    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
-    let cache = Arc::new(
-        SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32)
-            .with_name("cache")
-            .with_clock(clock.clone(), cache_latency),
-    );
-    let backing = Arc::new(
-        SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32)
-            .with_name("backing")
-            .with_clock(clock.clone(), backing_latency),
-    );
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: segment, ..CreateOptions::default() }).expect("create");
-    (cache, backing)
+    devices_on_clock(segment, log_blocks, BACKING_BLOCKS, clock, cache_latency, backing_latency)
 }
 
 fn open_on(cache: Arc<SimDevice>, backing: Arc<SimDevice>, clock: SimClock, options: VolumeOptions) -> Rig {

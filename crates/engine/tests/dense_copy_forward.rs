@@ -21,8 +21,7 @@
 
 use std::sync::Arc;
 use tiercache_device::{BlockDevice, SimClock, SimDevice, SimLatency};
-use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
-use tiercache_format::Layout;
+use tiercache_engine::{Volume, VolumeOptions};
 
 mod common;
 use common::*;
@@ -55,18 +54,8 @@ fn rig_seg(
     watermarks: Option<(u16, u16)>,
 ) -> Rig {
     let clock = SimClock::new();
-    let ck = Layout::checkpoint_blocks_for(LOG_BLOCKS, BS as u32);
-    let cache = Arc::new(
-        SimDevice::new((2 + 2 * ck + LOG_BLOCKS) * BS as u64, BS as u32)
-            .with_name("cache")
-            .with_clock(clock.clone(), cache_latency),
-    );
-    let backing = Arc::new(
-        SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32)
-            .with_name("backing")
-            .with_clock(clock.clone(), backing_latency),
-    );
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: segment, ..CreateOptions::default() }).expect("create");
+    let (cache, backing) =
+        devices_on_clock(segment, LOG_BLOCKS, BACKING_BLOCKS, &clock, cache_latency, backing_latency);
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();
     let options = VolumeOptions { dirty_watermarks_permille: watermarks, ..VolumeOptions::default() };

@@ -7,7 +7,7 @@
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-use tiercache_device::{BlockDevice, MonotonicClock, SimDevice, SimStats};
+use tiercache_device::{BlockDevice, MonotonicClock, SimClock, SimDevice, SimLatency, SimStats};
 use tiercache_engine::{create, CreateOptions, EngineError, OpenReport, Volume, VolumeOptions};
 use tiercache_format::constants::{CHECKPOINT_ENTRY_SIZE, RECORD_ENTRY_SIZE, RECORD_HEADER_SIZE};
 use tiercache_format::{checksum, uuid_low64, CheckpointEntry, CheckpointHeader, Layout, RecordHeader};
@@ -33,6 +33,32 @@ pub fn devices_seg(log_segments: u64, seg: u32, blocks: u64, opts: CreateOptions
     let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
     let backing = Arc::new(SimDevice::from_image(stamps(0, blocks, 0), BS as u32).with_name("backing"));
     create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..opts }).expect("create");
+    (cache, backing)
+}
+
+/// A cache of `log_blocks` blocks in segments of `seg`, and a backing device of `blocks`
+/// blocks stamped with version 0, each advancing `clock` by its latencies at every I/O (give
+/// the volume the same clock, and its timings follow the devices': virtual time, exact).
+pub fn devices_on_clock(
+    seg: u32,
+    log_blocks: u64,
+    blocks: u64,
+    clock: &SimClock,
+    cache_latency: SimLatency,
+    backing_latency: SimLatency,
+) -> (Arc<SimDevice>, Arc<SimDevice>) {
+    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
+    let cache = Arc::new(
+        SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32)
+            .with_name("cache")
+            .with_clock(clock.clone(), cache_latency),
+    );
+    let backing = Arc::new(
+        SimDevice::from_image(stamps(0, blocks, 0), BS as u32)
+            .with_name("backing")
+            .with_clock(clock.clone(), backing_latency),
+    );
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..CreateOptions::default() }).expect("create");
     (cache, backing)
 }
 
