@@ -577,6 +577,15 @@ class Ctx:
         self.workdir = os.path.join(args.workdir, experiment)
         self.devdir = os.path.join(self.workdir, "devices")
 
+    def begin(self, needs_second_slow):
+        """The work folder for device files, and the volume size; None (the experiment is
+        skipped, said why) where real devices lack the second slow device it needs."""
+        if self.real and needs_second_slow and not self.args.backing2:
+            log(f"{self.experiment}: skipped on real devices without --backing2 (a second slow device)")
+            return None
+        os.makedirs(self.devdir, exist_ok=True)
+        return parse_size(self.params["volume"])
+
     def slow(self, path):
         """The slow device as serve takes it: an emulated profile over a file, or a real device."""
         return path if self.real else f"emulated:{self.args.slow}:{path}"
@@ -654,11 +663,9 @@ def base_result(ctx):
 def exp_race(ctx):
     p = ctx.params
     a = ctx.args
-    if ctx.real and not a.backing2:
-        log("race: skipped (needs --backing2, a second slow device for the baseline)")
+    size = ctx.begin(needs_second_slow=True)
+    if size is None:
         return None
-    size = parse_size(p["volume"])
-    os.makedirs(ctx.devdir, exist_ok=True)
     backing = a.backing or ctx.file("backing.img")
     backing2 = a.backing2 or ctx.file("backing2.img")
     fast = a.cache or ctx.file("fast.img")
@@ -751,8 +758,7 @@ def goal(text, value, at_least):
 def exp_sweep(ctx):
     p = ctx.params
     a = ctx.args
-    size = parse_size(p["volume"])
-    os.makedirs(ctx.devdir, exist_ok=True)
+    size = ctx.begin(needs_second_slow=False)
     backing = a.backing or ctx.file("backing.img")
     slow_dev = a.backing2 or ctx.file("slow.img")
     fast = ctx.file("fast.img") if not ctx.real else None
@@ -818,11 +824,9 @@ def exp_sweep(ctx):
 def exp_dirty(ctx):
     p = ctx.params
     a = ctx.args
-    if ctx.real and not a.backing2:
-        log("dirty: skipped on real devices without --backing2 (two hybrids run side by side)")
+    size = ctx.begin(needs_second_slow=True)
+    if size is None:
         return None
-    size = parse_size(p["volume"])
-    os.makedirs(ctx.devdir, exist_ok=True)
     res = base_result(ctx)
     highs = p["highs"]
     backings = [a.backing or ctx.file("backing-a.img"), a.backing2 or ctx.file("backing-b.img")]
@@ -887,8 +891,7 @@ def exp_latency(ctx):
     if ctx.real:
         log("latency: on real devices run race/sweep instead; the optane/nvme profiles are emulated")
         return None
-    size = parse_size(p["volume"])
-    os.makedirs(ctx.devdir, exist_ok=True)
+    size = ctx.begin(needs_second_slow=False)
     res = base_result(ctx)
     phase("latency: staging (one database, copied to each volume)")
     image = ctx.file("image.img")

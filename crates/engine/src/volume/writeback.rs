@@ -66,7 +66,8 @@ impl Volume {
                 let end = end.min(until);
                 let live: Vec<Picked> = self.live_between(&st, pos, end).collect();
                 let dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
-                if dense_only && dirty.len() > self.copy_forward_max() {
+                let dense = dirty.len() > self.copy_forward_max();
+                if dense_only && dense {
                     // Reclaim's own choice for this window: copied forward up to the cut
                     // (cheaper: no write-back ahead of it), and its next window starts there,
                     // off the segment boundary, as reclaim's will; or written back.
@@ -75,7 +76,7 @@ impl Volume {
                         continue;
                     }
                 }
-                if !dense_only || dirty.len() > self.copy_forward_max() {
+                if !dense_only || dense {
                     batch.extend(dirty);
                 }
                 pos = end;
