@@ -7,13 +7,14 @@
 //! a race is needed, by holding one chosen I/O of a device (`Dev`, `Gate`).
 //!
 //! The crafted log (`craft`): 16-block segments, so a reclaim record copies 8 blocks. From
-//! log position 0: a record of blocks 100..108 (positions 1..8), one of 108..114 (10..15),
-//! one of 114..122 (17..24), one of 200..206 (26..31, rewritten at once by the filler, so
+//! log position 0: a record of blocks 100..108 (positions 1..8), one of 108..117 (10..18),
+//! one of 117..122 (20..24), one of 200..206 (26..31, rewritten at once by the filler, so
 //! stale). The first segment holds 14 dirty blocks: reclaim cuts it at position 10 (8
 //! copies, frees 1 block besides its record: exactly an eighth of the 10-block window). Its
-//! next window, [10, 26), holds 14 dirty blocks of which the first 9 lie within 9
-//! positions: too dense to copy. The pre-cleaner, looking at whole segments [0, 16) and
-//! [16, 32), sees the first as copyable and the second as sparse, and skips both.
+//! next window, [10, 26), holds 14 dirty blocks of which the first 9 are consecutive:
+//! copying 8 of them would take one block more than it frees, so they are written back alone
+//! (`WriteBackTo`). The pre-cleaner, looking at whole segments [0, 16) and [16, 32), sees the
+//! first as copyable and the second as sparse, and skips both.
 //!
 //! What is proven (each passed on 04f5c39 but the first, which failed there and was fixed):
 //! - `a_stretch_the_pre_cleaner_left_to_reclaim_is_written_back_by_the_writer`: the
@@ -142,10 +143,10 @@ fn craft(v: &Volume, model: &mut Model) {
     let s = v.status();
     assert_eq!((s.log_head, s.log_tail), (0, 0), "a fresh log starts at position 0");
     write_flush(v, model, 100, 8, 1);
-    write_flush(v, model, 108, 6, 1);
-    write_flush(v, model, 114, 8, 1);
+    write_flush(v, model, 108, 9, 1);
+    write_flush(v, model, 117, 5, 1);
     write_flush(v, model, FILLER, FILLER_N, 1);
-    assert_eq!((slot(v, 100), slot(v, 108), slot(v, 114), slot(v, FILLER)), (1, 10, 17, 26), "the crafted layout");
+    assert_eq!((slot(v, 100), slot(v, 108), slot(v, 117), slot(v, FILLER)), (1, 10, 20, 26), "the crafted layout");
     write_flush(v, model, TIMER_BLOCK, 1, 1);
     assert_eq!(v.destage_step(1).unwrap(), 1, "block 50 written back (the write-back cost, timed)");
     assert!(v.status().reclaim_write_back_us_per_block.is_some());

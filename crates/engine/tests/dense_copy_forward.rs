@@ -10,9 +10,11 @@
 //!   version;
 //! - `over_a_backing_device_as_fast_as_the_cache_they_are_written_back`: where writing back is
 //!   cheaper, it still writes back (one tried copy at most);
-//! - `a_window_too_dense_to_free_an_eighth_is_written_back`: a window of whole records of
-//!   dirty blocks frees too little when copied: it is written back however slow the backing
-//!   device is;
+//! - `a_log_dense_everywhere_is_written_back`: where the whole log is whole records of dirty
+//!   blocks, copying frees too little (a block per 15 copies): written back however slow the
+//!   backing device is;
+//! - `a_window_too_dense_to_free_an_eighth_is_copied_while_the_log_has_room`: the same dense
+//!   window, with half the log free to take: copied, lap after lap, judged over the lap;
 //! - `above_the_high_watermark_dense_windows_are_written_back`: copying keeps dirty data in
 //!   the cache; while dirty data is above the watermark, write-back is what brings it down
 //!   (checked step by step);
@@ -145,10 +147,11 @@ fn over_a_backing_device_as_fast_as_the_cache_they_are_written_back() {
 }
 
 #[test]
-fn a_window_too_dense_to_free_an_eighth_is_written_back() {
+fn a_log_dense_everywhere_is_written_back() {
     // 64-block segments (a reclaim record copies 32 blocks) and 16-block records of blocks
     // never written before: 16 of every 17 blocks dirty, no stale copy to thin a window out.
-    // Copying 32 frees 2 blocks of a 35-block window, less than an eighth. (High watermark
+    // Copying 32 frees 2 blocks of a 35-block window, and when the head comes round the
+    // whole log is that dense: copying would free a block per 15 copies. (High watermark
     // 95 %: the write-backs are reclaim's, not the watermark's. A backing device ten times
     // slower than SLOW: by cost alone, copying would win.)
     let glacial = SimLatency { read_ns: 50_000_000, write_ns: 80_000_000, flush_ns: 200_000_000 };
@@ -162,6 +165,39 @@ fn a_window_too_dense_to_free_an_eighth_is_written_back() {
     assert!(c.dense_copy_forwards <= 1, "{} dense windows copied forward", c.dense_copy_forwards);
     assert!(c.reclaim_write_backs >= 2, "{} reclaim write-backs", c.reclaim_write_backs);
     check_all(&r.volume, &model);
+}
+
+#[test]
+fn a_window_too_dense_to_free_an_eighth_is_copied_while_the_log_has_room() {
+    // The same dense records (2 blocks freed per 35 copied), but only 480 dirty blocks of them,
+    // below them a hot set of 64 blocks rewritten lap after lap: about half the log is dirty,
+    // so over a lap the head frees a block for about one copy. After the one write-back that
+    // times itself, the dense windows are copied (and their copies, as dense, copied again on
+    // the next lap), never written back: the writer never waits for the slow device.
+    let r = rig_seg(64, FAST, SLOW, Some((900, 950)));
+    let mut model = vec![0u64; BACKING_BLOCKS as usize];
+    write_flushed(&r.volume, 0, 480, 16, 1, |_| {});
+    model[..480].fill(1);
+    let mut flushes = 0u64;
+    for version in 2..60 {
+        let mut done = 1000;
+        write_flushed(&r.volume, 1000, 64, 16, version, |b| {
+            model[done as usize..b as usize].fill(version);
+            done = b;
+            flushes += 1;
+            if flushes.is_multiple_of(24) {
+                let recovered = open(durable_copy(&r.cache), durable_copy(&r.backing));
+                check_all(&recovered, &model);
+            }
+        });
+    }
+    let c = r.volume.status().counters;
+    assert_eq!(c.reclaim_write_backs, 1, "only the write-back that times itself: {c:?}");
+    assert!(c.dense_copy_throughs >= 12, "{} windows copied over the lap: {c:?}", c.dense_copy_throughs);
+    assert!(r.volume.status().dirty_blocks >= 480 - 300, "the first write-back took at most its batch");
+    check_all(&r.volume, &model);
+    let recovered = open(durable_copy(&r.cache), durable_copy(&r.backing));
+    check_all(&recovered, &model);
 }
 
 #[test]

@@ -172,6 +172,8 @@ pub struct SimReport {
     /// Reclaims that copied a window dense in dirty blocks forward instead of writing it
     /// back (measured cheaper), and reclaims that wrote dirty blocks back themselves.
     pub dense_copy_forwards: u64,
+    /// Of those, windows too dense to free an eighth, copied because the log had room.
+    pub dense_copy_throughs: u64,
     pub reclaim_write_backs: u64,
     /// Clean blocks read since cached that reclaim kept (the eviction policy's reinsertion).
     pub reinserted_blocks: u64,
@@ -1012,6 +1014,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         report.reclaimed_blocks += st.counters.reclaimed_blocks;
         report.copied_forward_blocks += st.counters.copied_forward_blocks;
         report.dense_copy_forwards += st.counters.dense_copy_forwards;
+        report.dense_copy_throughs += st.counters.dense_copy_throughs;
         report.reclaim_write_backs += st.counters.reclaim_write_backs;
         report.reinserted_blocks += st.counters.reinserted_blocks;
         report.written_around_blocks += st.counters.written_around_blocks;

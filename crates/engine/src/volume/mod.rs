@@ -244,6 +244,10 @@ pub struct Counters {
     /// (`costs.rs`).
     #[serde(default)]
     pub dense_copy_forwards: u64,
+    /// Of those, the windows too dense to free an eighth of themselves, copied because the
+    /// log as a whole had room (judged over the lap of the head, `costs.rs`).
+    #[serde(default)]
+    pub dense_copy_throughs: u64,
     /// Reclaims that wrote dirty blocks back themselves while a writer waited for room.
     #[serde(default)]
     pub reclaim_write_backs: u64,

@@ -21,6 +21,19 @@
 use super::costs::DENSE_MIN_FREE_DIVISOR;
 use super::*;
 
+/// Reclaim's choice for a window denser in dirty blocks than one record copies
+/// (`dense_choice`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DenseChoice {
+    /// Copy forward up to `cut` (judged per block this window frees, or `over_the_lap`).
+    Copy { cut: u64, over_the_lap: bool },
+    /// Write back the dirty blocks before `cut` alone: copying them would free nothing, and the
+    /// windows after it are worth copying.
+    WriteBackTo { cut: u64 },
+    /// Write the window back, with the dirty blocks of the segments after it.
+    WriteBack,
+}
+
 impl Volume {
     /// Frees the head of the log until `need` blocks are free at the tail (at least a
     /// segment's worth, never past the tail), io lock held.
@@ -45,15 +58,21 @@ impl Volume {
         let (mut new_head, mut live) = self.reclaim_window(head, target, checkpoint);
         let mut dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
         if dirty.len() > self.copy_forward_max() {
-            let cut = self.dense_copy_cut(&self.lock(), head, new_head, &live, dirty.len());
-            if let Some(cut) = cut {
-                // Copied forward in a shorter window: cheaper than the write-back (costs.rs).
+            let choice = self.dense_choice(&self.lock(), head, new_head, &live, dirty.len());
+            if let DenseChoice::Copy { cut, .. } | DenseChoice::WriteBackTo { cut } = choice {
+                // A shorter window: copied forward (cheaper than the write-back, costs.rs), or
+                // written back alone where copying it would free nothing.
                 new_head = cut;
                 live.retain(|p| p.position < cut);
                 dirty.retain(|p| p.position < cut);
-                self.lock().counters.dense_copy_forwards += 1;
+            }
+            if let DenseChoice::Copy { over_the_lap, .. } = choice {
+                let mut st = self.lock();
+                st.counters.dense_copy_forwards += 1;
+                st.counters.dense_copy_throughs += u64::from(over_the_lap);
             } else {
-                self.write_back_for_reclaim(std::mem::take(&mut dirty), new_head)?;
+                let ahead = choice == DenseChoice::WriteBack;
+                self.write_back_for_reclaim(std::mem::take(&mut dirty), new_head, ahead)?;
                 // The window as the write-back left it (clean now, read counts kept).
                 let mut st = self.lock();
                 st.counters.reclaim_write_backs += 1;
@@ -126,58 +145,85 @@ impl Volume {
         (target, picked(head, target))
     }
 
-    /// Where to end a window holding more live dirty blocks than a reclaim record copies
-    /// forward (`window_dirty` of them in `[head, new_head)`), so that its copies (dirty
-    /// blocks and the clean ones the eviction policy keeps, in log order) just fill the
-    /// record: `Some(cut)` if that shorter window still frees an eighth of its length beyond
-    /// the record, dirty data is at or below the high watermark and not draining (above it,
-    /// write-back is what brings it down), and copying was measured cheaper than writing back
-    /// (`costs.rs`); `None` to write the window back instead.
-    pub(super) fn dense_copy_cut(
+    /// What reclaim does with a window holding more live dirty blocks than a reclaim record
+    /// copies forward (`window_dirty` of them in `[head, new_head)`). Its copies (dirty
+    /// blocks and the clean ones the eviction policy keeps, in log order) just fill a record
+    /// in a window cut short at the first live block that does not fit. That shorter window is
+    /// copied forward if dirty data is at or below the high watermark and not draining (above
+    /// it, write-back is what brings it down) and copying was measured cheaper than writing
+    /// back (`costs.rs`): per block this window frees where it frees an eighth of its length,
+    /// over the lap of the head where it frees less (a window of whole records of dirty
+    /// blocks, such as an earlier reclaim's copies, is copied again while the rest of the log
+    /// has room, rather than a writer waiting for a slow backing device below the
+    /// watermark). A shorter window that would free nothing (a record's worth of dirty blocks
+    /// with no header among them: the writer's reserve would shrink) is written back alone,
+    /// without the segments after it, where copying would otherwise have been chosen: the
+    /// writer waits for one record's worth of blocks, and the next window is copied.
+    pub(super) fn dense_choice(
         &self,
         st: &State,
         head: u64,
         new_head: u64,
         live: &[Picked],
         window_dirty: usize,
-    ) -> Option<u64> {
+    ) -> DenseChoice {
         let max = self.copy_forward_max();
         let mut copies = 0;
-        let cut = live.iter().find(|p| {
+        let Some(cut) = live.iter().find(|p| {
             if p.entry.dirty || self.keeps(p) {
                 copies += 1;
             }
             copies > max
-        })?;
+        }) else {
+            return DenseChoice::WriteBack;
+        };
         let cut = cut.position;
-        let window = cut - head;
-        let freed = window.saturating_sub(1 + max as u64);
-        if freed == 0 || freed < window / DENSE_MIN_FREE_DIVISOR {
-            return None;
-        }
         // (The background round's view of the watermark: staged data counts, and once above
         // the high watermark the destager drains to the low one.)
-        if st.destaging || (st.index.dirty_len() + st.staging.data.len()) as u64 > self.dirty_high_blocks {
-            return None;
+        let log_dirty = (st.index.dirty_len() + st.staging.data.len()) as u64;
+        if st.destaging || log_dirty > self.dirty_high_blocks {
+            return DenseChoice::WriteBack;
         }
-        let cheaper = st.costs.copy_is_cheaper(max as u64, freed, window_dirty as u64, new_head - head);
-        cheaper.then_some(cut)
+        // (The window holds `max` copies before the cut, so it is at least `max` long; the
+        // record is one longer.)
+        let window = cut - head;
+        let (dirty, whole) = (window_dirty as u64, new_head - head);
+        match window.checked_sub(1 + max as u64) {
+            Some(freed) if freed > 0 && freed >= window / DENSE_MIN_FREE_DIVISOR => {
+                if st.costs.copy_is_cheaper(max as u64, freed, dirty, whole) {
+                    return DenseChoice::Copy { cut, over_the_lap: false };
+                }
+            }
+            // (Freeing nothing here, as when copying again an earlier reclaim's record of
+            // copies, still moves the head on towards the blocks that do free.)
+            Some(_) if st.costs.copy_through_is_cheaper(dirty, whole, log_dirty, self.layout.log_blocks) => {
+                return DenseChoice::Copy { cut, over_the_lap: true };
+            }
+            None if st.costs.copy_through_is_cheaper(dirty, whole, log_dirty, self.layout.log_blocks) => {
+                return DenseChoice::WriteBackTo { cut };
+            }
+            _ => {}
+        }
+        DenseChoice::WriteBack
     }
 
-    /// The window is mostly dirty: the cache is full of data not yet written back, and the
-    /// pre-cleaner is behind. Writes it back now, with the dirty blocks of the next few
-    /// segments in the same batch (one backing flush for all of them, and the next reclaims
-    /// find them clean): this is the backpressure a writer feels when write-back has fallen
-    /// behind, paid in large batches rather than a flush per segment.
-    fn write_back_for_reclaim(&self, mut dirty: Vec<Picked>, new_head: u64) -> Result<()> {
+    /// Writes back the window's live dirty blocks before `new_head`: when `ahead`, with the
+    /// dirty blocks of the next few segments in the same batch (one backing flush for all of
+    /// them, and the next reclaims find them clean); this is the backpressure a writer feels
+    /// when the cache is too dirty to copy and write-back has fallen behind, paid in large
+    /// batches rather than a flush per segment. Without `ahead`, only these blocks (a
+    /// window too dense to copy among windows reclaim will copy).
+    fn write_back_for_reclaim(&self, mut dirty: Vec<Picked>, new_head: u64, ahead: bool) -> Result<()> {
         let _destage = self.lock_destage();
-        let ahead = {
-            let st = self.lock();
-            let until = (new_head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
-            self.live_between(&st, new_head, until).collect::<Vec<_>>()
-        };
-        let room = DESTAGE_BATCH_BLOCKS.saturating_sub(dirty.len());
-        dirty.extend(ahead.into_iter().filter(|p| p.entry.dirty).take(room));
+        if ahead {
+            let next = {
+                let st = self.lock();
+                let until = (new_head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
+                self.live_between(&st, new_head, until).collect::<Vec<_>>()
+            };
+            let room = DESTAGE_BATCH_BLOCKS.saturating_sub(dirty.len());
+            dirty.extend(next.into_iter().filter(|p| p.entry.dirty).take(room));
+        }
         self.destage_blocks(dirty)?;
         Ok(())
     }

@@ -5,6 +5,7 @@
 //! meet dirty) and `write_back_all` (the online and offline flush). Reclaim calls it too when
 //! it meets a mostly dirty window, and so does open's `restore_reclaim_reserve`.
 
+use super::reclaim::DenseChoice;
 use super::*;
 
 impl Volume {
@@ -42,7 +43,7 @@ impl Volume {
     /// `destage_oldest`; with `dense_only`, the pre-cleaner walks the log as reclaim will, a
     /// segment-sized window at a time: a window is written back only if it holds more dirty
     /// blocks than reclaim copies forward and reclaim would not copy it forward in a shorter
-    /// window either (`dense_copy_cut`); after such a cut the next window starts at the cut,
+    /// window either (`dense_choice`); after such a cut the next window starts at the cut,
     /// as reclaim's does. A sparsely dirty stretch costs reclaim one cache read and write of
     /// its few dirty blocks, less than a write-back (the pre-cleaner below the watermark
     /// chooses the cheaper of the two this way).
@@ -70,10 +71,19 @@ impl Volume {
                 if dense_only && dense {
                     // Reclaim's own choice for this window: copied forward up to the cut
                     // (cheaper: no write-back ahead of it), and its next window starts there,
-                    // off the segment boundary, as reclaim's will; or written back.
-                    if let Some(cut) = self.dense_copy_cut(&st, pos, end, &live, dirty.len()) {
-                        pos = cut;
-                        continue;
+                    // off the segment boundary, as reclaim's will; written back up to the cut
+                    // alone (done here, ahead of the writer); or written back.
+                    match self.dense_choice(&st, pos, end, &live, dirty.len()) {
+                        DenseChoice::Copy { cut, .. } => {
+                            pos = cut;
+                            continue;
+                        }
+                        DenseChoice::WriteBackTo { cut } => {
+                            batch.extend(dirty.into_iter().filter(|p| p.position < cut));
+                            pos = cut;
+                            continue;
+                        }
+                        DenseChoice::WriteBack => {}
                     }
                 }
                 if !dense_only || dense {
