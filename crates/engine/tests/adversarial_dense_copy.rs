@@ -12,8 +12,7 @@
 //! stale). The first segment holds 14 dirty blocks: reclaim cuts it at position 10 (8
 //! copies, frees 1 block besides its record: exactly an eighth of the 10-block window). Its
 //! next window, [10, 26), holds 14 dirty blocks of which the first 9 are consecutive:
-//! copying 8 of them would take one block more than it frees, so they are written back alone
-//! (`WriteBackTo`). The pre-cleaner, looking at whole segments [0, 16) and [16, 32), sees the
+//! copying 8 of them would take one block more than it frees: too dense to copy. The pre-cleaner, looking at whole segments [0, 16) and [16, 32), sees the
 //! first as copyable and the second as sparse, and skips both.
 //!
 //! What is proven (each passed on 04f5c39 but the first, which failed there and was fixed):

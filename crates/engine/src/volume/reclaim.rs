@@ -27,9 +27,6 @@ use super::*;
 pub(super) enum DenseChoice {
     /// Copy forward up to `cut` (judged per block this window frees, or `over_the_lap`).
     Copy { cut: u64, over_the_lap: bool },
-    /// Write back the dirty blocks before `cut` alone: copying them would free nothing, and the
-    /// windows after it are worth copying.
-    WriteBackTo { cut: u64 },
     /// Write the window back, with the dirty blocks of the segments after it.
     WriteBack,
 }
@@ -59,27 +56,26 @@ impl Volume {
         let mut dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
         if dirty.len() > self.copy_forward_max() {
             let choice = self.dense_choice(&self.lock(), head, new_head, &live, dirty.len());
-            if let DenseChoice::Copy { cut, .. } | DenseChoice::WriteBackTo { cut } = choice {
-                // A shorter window: copied forward (cheaper than the write-back, costs.rs), or
-                // written back alone where copying it would free nothing.
+            if let DenseChoice::Copy { cut, over_the_lap } = choice {
+                // Copied forward in a shorter window: cheaper than the write-back (costs.rs).
                 new_head = cut;
                 live.retain(|p| p.position < cut);
                 dirty.retain(|p| p.position < cut);
-            }
-            if let DenseChoice::Copy { over_the_lap, .. } = choice {
                 let mut st = self.lock();
                 st.counters.dense_copy_forwards += 1;
                 st.counters.dense_copy_throughs += u64::from(over_the_lap);
             } else {
-                let ahead = choice == DenseChoice::WriteBack;
-                self.write_back_for_reclaim(std::mem::take(&mut dirty), new_head, ahead)?;
+                self.write_back_for_reclaim(std::mem::take(&mut dirty), new_head)?;
                 // The window as the write-back left it (clean now, read counts kept).
                 let mut st = self.lock();
                 st.counters.reclaim_write_backs += 1;
                 live = self.live_between(&st, head, new_head).collect();
             }
         }
-        let room = self.copy_forward_max() - dirty.len();
+        // (The clean copies the record has room for; never so many that the record takes
+        // more than the window frees, which a window cut short could otherwise allow.)
+        let window_room = (new_head - head).saturating_sub(2 + dirty.len() as u64) as usize;
+        let room = (self.copy_forward_max() - dirty.len()).min(window_room);
         let kept = self.reinsertions(head, &mut new_head, &mut live, dirty.len(), room);
         // (The copy's cost: reading the copies, then writing and flushing the record; not the
         // loss checkpoint or the write-around settle in between, which any reclaim may owe.)
@@ -155,10 +151,9 @@ impl Volume {
     /// over the lap of the head where it frees less (a window of whole records of dirty
     /// blocks, such as an earlier reclaim's copies, is copied again while the rest of the log
     /// has room, rather than a writer waiting for a slow backing device below the
-    /// watermark). A shorter window that would free nothing (a record's worth of dirty blocks
-    /// with no header among them: the writer's reserve would shrink) is written back alone,
-    /// without the segments after it, where copying would otherwise have been chosen: the
-    /// writer waits for one record's worth of blocks, and the next window is copied.
+    /// watermark). A shorter window whose record would take more room than it frees (a
+    /// record's worth of dirty blocks with no header among them: the writer's reserve would
+    /// shrink) is written back.
     pub(super) fn dense_choice(
         &self,
         st: &State,
@@ -195,35 +190,32 @@ impl Volume {
                 }
             }
             // (Freeing nothing here, as when copying again an earlier reclaim's record of
-            // copies, still moves the head on towards the blocks that do free.)
+            // copies, still moves the head on towards the blocks that do free. A window that
+            // would free less than nothing is a record of more dirty blocks than one reclaim
+            // record holds, a large write's: written back with the segments after it, in
+            // large runs.)
             Some(_) if st.costs.copy_through_is_cheaper(dirty, whole, log_dirty, self.layout.log_blocks) => {
                 return DenseChoice::Copy { cut, over_the_lap: true };
-            }
-            None if st.costs.copy_through_is_cheaper(dirty, whole, log_dirty, self.layout.log_blocks) => {
-                return DenseChoice::WriteBackTo { cut };
             }
             _ => {}
         }
         DenseChoice::WriteBack
     }
 
-    /// Writes back the window's live dirty blocks before `new_head`: when `ahead`, with the
-    /// dirty blocks of the next few segments in the same batch (one backing flush for all of
-    /// them, and the next reclaims find them clean); this is the backpressure a writer feels
-    /// when the cache is too dirty to copy and write-back has fallen behind, paid in large
-    /// batches rather than a flush per segment. Without `ahead`, only these blocks (a
-    /// window too dense to copy among windows reclaim will copy).
-    fn write_back_for_reclaim(&self, mut dirty: Vec<Picked>, new_head: u64, ahead: bool) -> Result<()> {
+    /// The window is mostly dirty: the cache is full of data not yet written back, and the
+    /// pre-cleaner is behind. Writes it back now, with the dirty blocks of the next few
+    /// segments in the same batch (one backing flush for all of them, and the next reclaims
+    /// find them clean): this is the backpressure a writer feels when write-back has fallen
+    /// behind, paid in large batches rather than a flush per segment.
+    fn write_back_for_reclaim(&self, mut dirty: Vec<Picked>, new_head: u64) -> Result<()> {
         let _destage = self.lock_destage();
-        if ahead {
-            let next = {
-                let st = self.lock();
-                let until = (new_head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
-                self.live_between(&st, new_head, until).collect::<Vec<_>>()
-            };
-            let room = DESTAGE_BATCH_BLOCKS.saturating_sub(dirty.len());
-            dirty.extend(next.into_iter().filter(|p| p.entry.dirty).take(room));
-        }
+        let ahead = {
+            let st = self.lock();
+            let until = (new_head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
+            self.live_between(&st, new_head, until).collect::<Vec<_>>()
+        };
+        let room = DESTAGE_BATCH_BLOCKS.saturating_sub(dirty.len());
+        dirty.extend(ahead.into_iter().filter(|p| p.entry.dirty).take(room));
         self.destage_blocks(dirty)?;
         Ok(())
     }

@@ -71,19 +71,10 @@ impl Volume {
                 if dense_only && dense {
                     // Reclaim's own choice for this window: copied forward up to the cut
                     // (cheaper: no write-back ahead of it), and its next window starts there,
-                    // off the segment boundary, as reclaim's will; written back up to the cut
-                    // alone (done here, ahead of the writer); or written back.
-                    match self.dense_choice(&st, pos, end, &live, dirty.len()) {
-                        DenseChoice::Copy { cut, .. } => {
-                            pos = cut;
-                            continue;
-                        }
-                        DenseChoice::WriteBackTo { cut } => {
-                            batch.extend(dirty.into_iter().filter(|p| p.position < cut));
-                            pos = cut;
-                            continue;
-                        }
-                        DenseChoice::WriteBack => {}
+                    // off the segment boundary, as reclaim's will; or written back.
+                    if let DenseChoice::Copy { cut, .. } = self.dense_choice(&st, pos, end, &live, dirty.len()) {
+                        pos = cut;
+                        continue;
                     }
                 }
                 if !dense_only || dense {
