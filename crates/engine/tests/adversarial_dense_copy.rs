@@ -182,7 +182,7 @@ fn fill_until_head(
 // ------------------------------------------------------------------------------------------
 
 /// Failed on 04f5c39. The pre-cleaner (below the watermark, `dense_only`) skipped segment
-/// [0, 16) because `dense_copy_cut` says reclaim will copy it, and [16, 32) because it is
+/// [0, 16) because `dense_copy_cut` (now `dense_choice`) said reclaim will copy it, and [16, 32) because it is
 /// sparse; reclaim copied up to position 10, then met [10, 26), which no pre-cleaner stretch
 /// was, too dense to copy, and wrote it back on the writer's path. Root cause: the pre-cleaner
 /// judged segment-aligned stretches, reclaim judges windows from the head, which a dense cut
