@@ -299,6 +299,10 @@ struct State {
     durable_tail: u64,
     /// The background pre-cleaner has looked at every record before this position.
     precleaned_until: u64,
+    /// Where the run of reclaims that freed nothing began (copies of windows dense to the
+    /// last block); `None` once one frees a block. Copying over the lap stops after a quarter
+    /// of the log of it (`dense_choice`): the guaranteed end of a writer's reclaim loop.
+    barren_since: Option<u64>,
     checkpoint_position: u64,
     /// The position of the checkpoint before it (in the other area): recovery falls back to
     /// it if the newest one is unreadable.
@@ -533,6 +537,7 @@ impl Volume {
                 written_tail: r.tail,
                 durable_tail: r.tail,
                 precleaned_until: r.head,
+                barren_since: None,
                 checkpoint_position: r.checkpoint_position,
                 older_checkpoint_position: 0,
                 checkpoint_seq: r.checkpoint_seq,

@@ -116,6 +116,11 @@ impl Volume {
             "reclaim"
         );
         let mut st = self.lock();
+        if new_head - head > blocks {
+            st.barren_since = None;
+        } else if st.barren_since.is_none() {
+            st.barren_since = Some(head);
+        }
         self.finish_reclaim(&mut st, head, new_head, &copies, pos);
         self.check_invariants(&st);
         Ok(())
@@ -183,6 +188,15 @@ impl Volume {
         // record is one longer.)
         let window = cut - head;
         let (dirty, whole) = (window_dirty as u64, new_head - head);
+        // (What the head cannot free over a lap: the dirty blocks, and the headers of the
+        // records their copies fill. A log of reclaim records of `max` copies each is
+        // `max / (max + 1)` dirty, yet copying it again frees nothing: counted whole. And a
+        // run of reclaims that freed nothing ends after a quarter of the log, whatever the
+        // estimate says.)
+        let unfreeable = log_dirty + log_dirty.div_ceil(max as u64);
+        let barren = st.barren_since.is_some_and(|since| head >= since + self.layout.log_blocks / 4);
+        let over_the_lap =
+            || !barren && st.costs.copy_through_is_cheaper(dirty, whole, unfreeable, self.layout.log_blocks);
         match window.checked_sub(1 + max as u64) {
             Some(freed) if freed > 0 && freed >= window / DENSE_MIN_FREE_DIVISOR => {
                 if st.costs.copy_is_cheaper(max as u64, freed, dirty, whole) {
@@ -194,7 +208,7 @@ impl Volume {
             // would free less than nothing is a record of more dirty blocks than one reclaim
             // record holds, a large write's: written back with the segments after it, in
             // large runs.)
-            Some(_) if st.costs.copy_through_is_cheaper(dirty, whole, log_dirty, self.layout.log_blocks) => {
+            Some(_) if over_the_lap() => {
                 return DenseChoice::Copy { cut, over_the_lap: true };
             }
             _ => {}
