@@ -1550,7 +1550,7 @@ mod tests {
         let mut corruptions = 0;
         let mut overlapped = 0;
         let mut reinserted = 0;
-        let (mut dense_copies, mut dense_throughs) = (0, 0);
+        let mut dense_copies = 0;
         for seed in 0..12 {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
@@ -1560,24 +1560,36 @@ mod tests {
             overlapped += r.overlapped_record_writes;
             reinserted += r.reinserted_blocks;
             dense_copies += r.dense_copy_forwards;
-            dense_throughs += r.dense_copy_throughs;
         }
         // (47 laps and 18 crashes in recovery, 10 corruptions, 33 overlapped record writes
         // when written; the slow-cache seeds spend their virtual time writing, so fewer laps.
         // The eviction policy's reinsertions: clean blocks read again, kept by reclaim. Dense
         // dirty windows copied forward because that was measured cheaper than writing them
-        // back: 2 when written, in the wide-segment seeds; 4 at 2022f9b, of which 1 too dense
-        // to judge alone, copied because the log had room, judged over the lap.)
+        // back: 2 when written, in the wide-segment seeds.)
         assert!(
             laps > 40
                 && crashes_in_recovery > 0
                 && corruptions > 0
                 && overlapped > 0
                 && reinserted > 100
-                && dense_copies > 0
-                && dense_throughs > 0,
-            "laps {laps}, crashes in recovery {crashes_in_recovery}, corruptions {corruptions}, overlapped record writes {overlapped}, reinserted {reinserted}, dense copies {dense_copies} ({dense_throughs} over the lap)"
+                && dense_copies > 0,
+            "laps {laps}, crashes in recovery {crashes_in_recovery}, corruptions {corruptions}, overlapped record writes {overlapped}, reinserted {reinserted}, dense copies {dense_copies}"
         );
+    }
+
+    /// Reclaim's copy over the lap (a dirty window too dense to judge alone, copied because
+    /// what the head meets next has room: `dense_choice`) under the simulator's crashes,
+    /// concurrency and corruption. It is rare here (a margin of 16 over the measured costs):
+    /// `tiercache torture` found it in seeds 35 and 54 of 0..60 when written; each passes.
+    #[test]
+    fn dense_windows_copied_over_the_lap_pass() {
+        let mut throughs = 0;
+        for seed in [35, 54] {
+            let r = run(SimConfig { seed, ..SimConfig::default() });
+            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
+            throughs += r.dense_copy_throughs;
+        }
+        assert!(throughs > 0, "no dense window copied over the lap in seeds 35 and 54: the test proves nothing");
     }
 
     /// Each deliberately broken variant is caught within `SABOTAGE_SEEDS` seeds. The test

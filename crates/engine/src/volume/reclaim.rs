@@ -19,6 +19,11 @@
 //! count keeps.
 
 use super::costs::DENSE_MIN_FREE_DIVISOR;
+
+/// How far past a dense window's cut reclaim looks to judge a copy over the lap: the share of
+/// those segments that is dirty is the share of what the head passes next that it cannot
+/// free (`dense_choice`).
+const LAP_LOOKAHEAD_SEGMENTS: u64 = 8;
 use super::*;
 
 /// Reclaim's choice for a window denser in dirty blocks than one record copies
@@ -188,15 +193,20 @@ impl Volume {
         // record is one longer.)
         let window = cut - head;
         let (dirty, whole) = (window_dirty as u64, new_head - head);
-        // (What the head cannot free over a lap: the dirty blocks, and the headers of the
-        // records their copies fill. A log of reclaim records of `max` copies each is
-        // `max / (max + 1)` dirty, yet copying it again frees nothing: counted whole. And a
-        // run of reclaims that freed nothing ends after a quarter of the log, whatever the
-        // estimate says.)
-        let unfreeable = log_dirty + log_dirty.div_ceil(max as u64);
+        // (Over the lap, the head frees what it passes next that is neither dirty nor a
+        // header that the copies of dirty blocks need: judged on the stretch it meets next,
+        // `LAP_LOOKAHEAD_SEGMENTS`, not on the whole log, whose dirty data may lie in one
+        // dense run (a large sequential write: copying it frees nothing until past its end).
+        // A log of reclaim records of `max` copies each is `max / (max + 1)` dirty, yet copying
+        // it again frees nothing: the headers count. And a run of reclaims that freed nothing
+        // ends after a quarter of the log, whatever the estimate says.)
+        let ahead_end = (cut + LAP_LOOKAHEAD_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
+        let ahead_dirty = self.live_between(st, cut, ahead_end).filter(|p| p.entry.dirty).count() as u64;
+        let unfreeable = (ahead_dirty + ahead_dirty.div_ceil(max as u64)).min(ahead_end - cut);
         let barren = st.barren_since.is_some_and(|since| head >= since + self.layout.log_blocks / 4);
-        let over_the_lap =
-            || !barren && st.costs.copy_through_is_cheaper(dirty, whole, unfreeable, self.layout.log_blocks);
+        let over_the_lap = || {
+            !barren && ahead_end > cut && st.costs.copy_through_is_cheaper(dirty, whole, unfreeable, ahead_end - cut)
+        };
         match window.checked_sub(1 + max as u64) {
             Some(freed) if freed > 0 && freed >= window / DENSE_MIN_FREE_DIVISOR => {
                 if st.costs.copy_is_cheaper(max as u64, freed, dirty, whole) {
