@@ -122,7 +122,7 @@ fn watchdog<T: Send + 'static>(
 /// of the log is a header or live dirty: every dense window frees nothing and is copied through
 /// (d = 2/3 < 7/8, cheaper over the lap by cost) while the writer waits for room.
 fn unique_two_block_records(segment: u32, log_blocks: u64, options: VolumeOptions, n: u64) {
-    let r = rig(segment, log_blocks, options.clone());
+    let r = rig(segment, log_blocks, options);
     let progress = Arc::new(AtomicU64::new(0));
     let (v, p) = (Arc::clone(&r.v), Arc::clone(&progress));
     let model = watchdog(&r.v, log_blocks, 20, 300, progress, move || {
@@ -309,7 +309,7 @@ fn check_cut(v: &Volume, before: &Model, after: &Model, what: &str) {
 #[test]
 fn a_power_cut_at_every_flush_around_copy_throughs_and_lone_write_backs() {
     let options = VolumeOptions::default();
-    let r = snap_rig(16, 1024, options.clone());
+    let r = snap_rig(16, 1024, options);
     let mut model = Model::new();
     write_flush(&r.v, &mut model, 8000, 1, 1);
     assert_eq!(r.v.destage_step(1).unwrap(), 1);
@@ -339,14 +339,14 @@ fn a_power_cut_at_every_flush_around_copy_throughs_and_lone_write_backs() {
         let images = std::mem::take(r.images.lock().unwrap().as_mut().unwrap());
         for (cache, backing) in images {
             cuts += 1;
-            let again = power_cut(cache.clone(), backing.clone(), options.clone());
+            let again = power_cut(cache.clone(), backing.clone(), options);
             check_cut(&again, &before, &model, &format!("cut {cuts}"));
-            if cuts % 25 == 0 {
+            if cuts.is_multiple_of(25) {
                 // (Lapped on a second recovery of the same image: the reads of the check
                 // above count, and read blocks are kept by the eviction policy.)
                 laps_from_cuts += 1;
                 let recovered: Model = model.keys().map(|&b| (b, read_version(&again, b).unwrap().unwrap())).collect();
-                let fresh = power_cut(cache, backing, options.clone());
+                let fresh = power_cut(cache, backing, options);
                 lap_recovered(&fresh, recovered, 2);
             }
         }
@@ -383,7 +383,7 @@ fn lap_recovered(v: &Arc<Volume>, mut model: Model, laps: u64) {
 fn the_pre_cleaner_and_destager_beside_a_writer_meeting_copy_throughs() {
     for seed in 1..=4u64 {
         let options = VolumeOptions::default();
-        let r = rig(16, 1024, options.clone());
+        let r = rig(16, 1024, options);
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let progress = Arc::new(AtomicU64::new(0));
         let mut helpers = Vec::new();
@@ -394,7 +394,7 @@ fn the_pre_cleaner_and_destager_beside_a_writer_meeting_copy_throughs() {
                 while !stop.load(Ordering::SeqCst) {
                     if kind == 0 {
                         v.background_tick().unwrap();
-                    } else if i % 7 == 0 {
+                    } else if i.is_multiple_of(7) {
                         v.destage_step(16).unwrap();
                     }
                     i += 1;
@@ -434,14 +434,10 @@ fn the_pre_cleaner_and_destager_beside_a_writer_meeting_copy_throughs() {
         eprintln!("seed {seed}: {c:?}");
         let image = (r.cache.durable_image(), r.backing.durable_image());
         check(&r.v, &model, "the end");
-        let again = power_cut(image.0, image.1, options.clone());
+        let again = power_cut(image.0, image.1, options);
         check(&again, &model, "a power cut at the end");
         r.v.write_back_all(1.0, |_, _| true).unwrap();
-        for (&b, &version) in &model {
-            let mut buf = vec![0u8; BS];
-            r.backing.read_at(b * BS as u64, &mut buf).unwrap();
-            assert_eq!(version_of(b, &buf), Some(version), "backing block {b} after write_back_all");
-        }
+        assert_backing_holds(&r.backing, &model);
     }
 }
 

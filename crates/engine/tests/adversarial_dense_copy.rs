@@ -360,11 +360,7 @@ fn a_write_back_batch_held_at_its_backing_flush_while_reclaim_copies_its_blocks(
     r.v.write_back_all(1.0, |_, _| true).unwrap();
     let backing = power_cut(r.cache.durable_image(), r.backing.durable_image());
     check(&backing.v, &model, "after write_back_all and a power cut");
-    for (&b, &version) in &model {
-        let mut buf = vec![0u8; BS];
-        r.backing.read_at(b * BS as u64, &mut buf).unwrap();
-        assert_eq!(version_of(b, &buf), Some(version), "backing block {b}");
-    }
+    assert_backing_holds(&r.backing, &model);
 }
 
 /// Block 103 (position 4, among the 8 the cut window copies) rots before the head reaches it.

@@ -193,37 +193,35 @@ impl Volume {
         // record is one longer.)
         let window = cut - head;
         let (dirty, whole) = (window_dirty as u64, new_head - head);
-        // (Over the lap, the head frees what it passes next that is neither dirty nor a
-        // header that the copies of dirty blocks need: judged on the stretch it meets next,
-        // `LAP_LOOKAHEAD_SEGMENTS`, not on the whole log, whose dirty data may lie in one
-        // dense run (a large sequential write: copying it frees nothing until past its end).
-        // A log of reclaim records of `max` copies each is `max / (max + 1)` dirty, yet copying
-        // it again frees nothing: the headers count. And a run of reclaims that freed nothing
-        // ends after a quarter of the log, whatever the estimate says.)
-        let ahead_end = (cut + LAP_LOOKAHEAD_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
-        let ahead_dirty = self.live_between(st, cut, ahead_end).filter(|p| p.entry.dirty).count() as u64;
-        let unfreeable = (ahead_dirty + ahead_dirty.div_ceil(max as u64)).min(ahead_end - cut);
-        let barren = st.barren_since.is_some_and(|since| head >= since + self.layout.log_blocks / 4);
-        let over_the_lap = || {
-            !barren && ahead_end > cut && st.costs.copy_through_is_cheaper(dirty, whole, unfreeable, ahead_end - cut)
+        // (A window that would free less than nothing is a record of more dirty blocks than
+        // one reclaim record holds, a large write's: written back with the segments after
+        // it, in large runs.)
+        let Some(freed) = window.checked_sub(1 + max as u64) else { return DenseChoice::WriteBack };
+        let copy = if freed > 0 && freed >= window / DENSE_MIN_FREE_DIVISOR {
+            st.costs.copy_is_cheaper(max as u64, freed, dirty, whole).then_some(false)
+        } else {
+            // Freeing little or nothing here, as when copying again an earlier reclaim's record
+            // of copies, still moves the head on towards the blocks that do free. Over the lap,
+            // the head frees what it passes next that is neither dirty nor a header that the
+            // copies of dirty blocks need: judged on the stretch it meets next,
+            // `LAP_LOOKAHEAD_SEGMENTS`, not on the whole log, whose dirty data may lie in one
+            // dense run (a large sequential write: copying it frees nothing until past its
+            // end). A log of reclaim records of `max` copies each is `max / (max + 1)` dirty,
+            // yet copying it again frees nothing: the headers count. And a run of reclaims
+            // that freed nothing ends after a quarter of the log, whatever the estimate says.
+            let barren = st.barren_since.is_some_and(|since| head >= since + self.layout.log_blocks / 4);
+            let ahead_end = (cut + LAP_LOOKAHEAD_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
+            let over_the_lap = !barren && ahead_end > cut && {
+                let ahead_dirty = self.live_between(st, cut, ahead_end).filter(|p| p.entry.dirty).count() as u64;
+                let unfreeable = (ahead_dirty + ahead_dirty.div_ceil(max as u64)).min(ahead_end - cut);
+                st.costs.copy_through_is_cheaper(dirty, whole, unfreeable, ahead_end - cut)
+            };
+            over_the_lap.then_some(true)
         };
-        match window.checked_sub(1 + max as u64) {
-            Some(freed) if freed > 0 && freed >= window / DENSE_MIN_FREE_DIVISOR => {
-                if st.costs.copy_is_cheaper(max as u64, freed, dirty, whole) {
-                    return DenseChoice::Copy { cut, over_the_lap: false };
-                }
-            }
-            // (Freeing nothing here, as when copying again an earlier reclaim's record of
-            // copies, still moves the head on towards the blocks that do free. A window that
-            // would free less than nothing is a record of more dirty blocks than one reclaim
-            // record holds, a large write's: written back with the segments after it, in
-            // large runs.)
-            Some(_) if over_the_lap() => {
-                return DenseChoice::Copy { cut, over_the_lap: true };
-            }
-            _ => {}
+        match copy {
+            Some(over_the_lap) => DenseChoice::Copy { cut, over_the_lap },
+            None => DenseChoice::WriteBack,
         }
-        DenseChoice::WriteBack
     }
 
     /// The window is mostly dirty: the cache is full of data not yet written back, and the

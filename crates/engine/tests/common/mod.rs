@@ -108,6 +108,16 @@ pub fn read_version(v: &Volume, block: u64) -> Result<Option<u64>, EngineError> 
     Ok(version_of(block, &buf))
 }
 
+/// Checks that the backing device itself (not the volume) holds each `(block, version)`:
+/// after `write_back_all`, every newest version has reached it.
+pub fn assert_backing_holds<'a>(backing: &SimDevice, versions: impl IntoIterator<Item = (&'a u64, &'a u64)>) {
+    let mut buf = vec![0u8; BS];
+    for (&b, &version) in versions {
+        backing.read_at(b * BS as u64, &mut buf).unwrap();
+        assert_eq!(version_of(b, &buf), Some(version), "backing block {b}");
+    }
+}
+
 pub fn is_lost(r: &Result<Option<u64>, EngineError>, block: u64) -> bool {
     matches!(r, Err(EngineError::LostBlock { block: b }) if *b == block)
 }
