@@ -19,12 +19,12 @@
 //! count keeps.
 
 use super::costs::DENSE_MIN_FREE_DIVISOR;
+use super::*;
 
 /// How far past a dense window's cut reclaim looks to judge a copy over the lap: the share of
 /// those segments that is dirty is the share of what the head passes next that it cannot
 /// free (`dense_choice`).
 const LAP_LOOKAHEAD_SEGMENTS: u64 = 8;
-use super::*;
 
 /// Reclaim's choice for a window denser in dirty blocks than one record copies
 /// (`dense_choice`).
