@@ -28,7 +28,6 @@
 //!   `the_pre_cleaner_and_destager_beside_a_writer_meeting_copy_throughs`,
 //!   `above_the_high_watermark_nothing_is_copied_through`.
 
-use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -41,8 +40,6 @@ use common::*;
 const BACKING_BLOCKS: u64 = 8192;
 const FAST: SimLatency = SimLatency { read_ns: 10_000, write_ns: 20_000, flush_ns: 50_000 };
 const SLOW: SimLatency = SimLatency { read_ns: 5_000_000, write_ns: 8_000_000, flush_ns: 20_000_000 };
-
-type Model = BTreeMap<u64, u64>;
 
 struct Rig {
     cache: Arc<SimDevice>,
@@ -61,26 +58,10 @@ fn rig(segment: u32, log_blocks: u64, options: VolumeOptions) -> Rig {
 
 fn power_cut(cache: Vec<u8>, backing: Vec<u8>, options: VolumeOptions) -> Arc<Volume> {
     let clock = SimClock::new();
-    let cache = Arc::new(SimDevice::from_image(cache, BS as u32).with_name("cache").with_clock(clock.clone(), FAST));
-    let backing =
-        Arc::new(SimDevice::from_image(backing, BS as u32).with_name("backing").with_clock(clock.clone(), SLOW));
+    let (cache, backing) = devices_from_images_on_clock(cache, backing, &clock, FAST, SLOW);
     let c: Arc<dyn BlockDevice> = cache;
     let b: Arc<dyn BlockDevice> = backing;
     Arc::new(Volume::open(c, b, Arc::new(clock), options).expect("open").0)
-}
-
-fn write_flush(v: &Volume, model: &mut Model, first: u64, n: u64, version: u64) {
-    v.write(first * BS as u64, &stamps(first, n, version)).unwrap();
-    v.flush().unwrap();
-    for b in first..first + n {
-        model.insert(b, version);
-    }
-}
-
-fn check(v: &Volume, model: &Model, what: &str) {
-    for (&b, &version) in model {
-        assert_eq!(read_version(v, b).unwrap(), Some(version), "{what}: block {b}");
-    }
 }
 
 /// Runs `work` on a thread that bumps `progress` after each FLUSH; fails if one FLUSH lets the
@@ -148,9 +129,9 @@ fn unique_two_block_records(segment: u32, log_blocks: u64, options: VolumeOption
         c.copied_forward_blocks,
         c.written_blocks
     );
-    check(&r.v, &model, "the end");
+    check_model(&r.v, &model, "the end");
     let again = power_cut(r.cache.durable_image(), r.backing.durable_image(), options);
-    check(&again, &model, "a power cut at the end");
+    check_model(&again, &model, "a power cut at the end");
 }
 
 #[test]
@@ -189,7 +170,7 @@ fn a_written_back_run_of_read_blocks_never_eats_the_reclaim_reserve() {
         write_flush(&v, &mut model, 8000, 1, 1);
         assert_eq!(v.destage_step(1).unwrap(), 1);
         write_flush(&v, &mut model, 0, 64, 1);
-        check(&v, &model, "read once");
+        check_model(&v, &model, "read once");
         let mut version = 2;
         while v.status().counters.reclaimed_blocks < 200 {
             write_flush(&v, &mut model, 1000, 1, version);
@@ -200,7 +181,7 @@ fn a_written_back_run_of_read_blocks_never_eats_the_reclaim_reserve() {
     });
     let c = r.v.status().counters;
     eprintln!("{c:?}");
-    check(&r.v, &model, "the end");
+    check_model(&r.v, &model, "the end");
 }
 
 // ------------------------------------------------------------------ power cuts at every flush
@@ -355,9 +336,9 @@ fn a_power_cut_at_every_flush_around_copy_throughs_and_lone_write_backs() {
     eprintln!("{cuts} cuts, {laps_from_cuts} recovered volumes lapped: {c:?}");
     assert!(c.dense_copy_throughs > 0, "no copy-through: the test proves little: {c:?}");
     assert!(c.reclaim_write_backs > 0, "no reclaim write-back: {c:?}");
-    check(&r.v, &model, "the end");
+    check_model(&r.v, &model, "the end");
     let again = power_cut(r.cache.durable_image(), r.backing.durable_image(), options);
-    check(&again, &model, "a power cut at the end");
+    check_model(&again, &model, "a power cut at the end");
 }
 
 /// The recovered volume (its state as `model` says, but the in-flight blocks read as they
@@ -369,7 +350,7 @@ fn lap_recovered(v: &Arc<Volume>, mut model: Model, laps: u64) {
         write_flush(v, &mut model, 1000, 6, version);
         version += 1;
     }
-    check(v, &model, "a recovered volume after its laps");
+    check_model(v, &model, "a recovered volume after its laps");
 }
 
 // ------------------------------------------------------------------ concurrency
@@ -433,9 +414,9 @@ fn the_pre_cleaner_and_destager_beside_a_writer_meeting_copy_throughs() {
         let c = r.v.status().counters;
         eprintln!("seed {seed}: {c:?}");
         let image = (r.cache.durable_image(), r.backing.durable_image());
-        check(&r.v, &model, "the end");
+        check_model(&r.v, &model, "the end");
         let again = power_cut(image.0, image.1, options);
-        check(&again, &model, "a power cut at the end");
+        check_model(&again, &model, "a power cut at the end");
         r.v.write_back_all(1.0, |_, _| true).unwrap();
         assert_backing_holds(&r.backing, &model);
     }
@@ -497,7 +478,7 @@ fn above_the_high_watermark_nothing_is_copied_through() {
     let c = r.v.status().counters;
     eprintln!("{above} steps above, {copies_below} dense copies below: {c:?}");
     assert!(above > 20, "only {above} steps above the watermark");
-    check(&r.v, &model, "the end");
+    check_model(&r.v, &model, "the end");
 }
 
 // ------------------------------------------------------------------ costs on the writer's path
@@ -532,7 +513,7 @@ fn a_big_record_is_not_written_back_half_a_segment_per_backing_flush() {
     }
     let c = v.status().counters;
     eprintln!("worst FLUSH {} ms, all {} ms: {c:?}", worst_ns / 1_000_000, (clock.now_ns() - start) / 1_000_000);
-    check(&v, &model, "the end");
+    check_model(&v, &model, "the end");
     assert!(
         c.reclaim_write_backs <= 8,
         "{} write-backs on the writer's path for 3 big records ({} backing flushes)",

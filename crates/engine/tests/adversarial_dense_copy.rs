@@ -40,7 +40,6 @@
 //!   that never moves) a write-back is timed at 0 ns a block, the untimed copy is tried once,
 //!   and then copying never looks cheaper.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tiercache_device::{BlockDevice, Clock as _, SimClock, SimDevice, SimLatency};
@@ -110,26 +109,8 @@ fn rig_with(
 /// same latencies, the volume recovered on them.
 fn power_cut(cache: Vec<u8>, backing: Vec<u8>) -> Rig {
     let clock = SimClock::new();
-    let cache = Arc::new(SimDevice::from_image(cache, BS as u32).with_name("cache").with_clock(clock.clone(), FAST));
-    let backing =
-        Arc::new(SimDevice::from_image(backing, BS as u32).with_name("backing").with_clock(clock.clone(), SLOW));
+    let (cache, backing) = devices_from_images_on_clock(cache, backing, &clock, FAST, SLOW);
     open_on(cache, backing, clock, VolumeOptions::default())
-}
-
-type Model = BTreeMap<u64, u64>;
-
-fn write_flush(v: &Volume, model: &mut Model, first: u64, n: u64, version: u64) {
-    v.write(first * BS as u64, &stamps(first, n, version)).unwrap();
-    v.flush().unwrap();
-    for b in first..first + n {
-        model.insert(b, version);
-    }
-}
-
-fn check(v: &Volume, model: &Model, what: &str) {
-    for (&b, &version) in model {
-        assert_eq!(read_version(v, b).unwrap(), Some(version), "{what}: block {b}");
-    }
 }
 
 /// The index's slot of `block` (the log position modulo the log's length).
@@ -214,7 +195,7 @@ fn a_stretch_the_pre_cleaner_left_to_reclaim_is_written_back_by_the_writer() {
     );
     assert!(skipped_checked);
     let c = r.v.status().counters;
-    check(&r.v, &model, "after the laps");
+    check_model(&r.v, &model, "after the laps");
     // (Blocks 100..108 copied forward: once the pre-cleaner wrote back [10, 26), the first
     // window holds no more dirty blocks than one record copies.)
     assert!(c.copied_forward_blocks >= 8, "the first window was copied forward");
@@ -297,12 +278,12 @@ fn a_power_cut_at_every_flush_around_a_dense_copy_recovers_every_version() {
                 if flushes % 25 == 0 {
                     let again = power_cut(r.cache.durable_image(), r.backing.durable_image());
                     // (The staged filler version is not flushed: the model's is the last one.)
-                    check(&again.v, model, "a power cut on the second lap");
+                    check_model(&again.v, model, "a power cut on the second lap");
                 }
             },
             true,
         );
-        check(&recovered.v, &model, "after the second lap");
+        check_model(&recovered.v, &model, "after the second lap");
     }
     assert!(cuts >= 3, "{cuts} cut points");
 }
@@ -354,12 +335,12 @@ fn a_write_back_batch_held_at_its_backing_flush_while_reclaim_copies_its_blocks(
         let (_, dirty) = slot_of(&r.v, b).expect("cached");
         assert!(dirty, "block {b} marked clean by a batch that wrote another position");
     }
-    check(&r.v, &model, "after the race");
+    check_model(&r.v, &model, "after the race");
     let recovered = power_cut(r.cache.durable_image(), r.backing.durable_image());
-    check(&recovered.v, &model, "after a power cut");
+    check_model(&recovered.v, &model, "after a power cut");
     r.v.write_back_all(1.0, |_, _| true).unwrap();
     let backing = power_cut(r.cache.durable_image(), r.backing.durable_image());
-    check(&backing.v, &model, "after write_back_all and a power cut");
+    check_model(&backing.v, &model, "after write_back_all and a power cut");
     assert_backing_holds(&r.backing, &model);
 }
 
@@ -375,10 +356,10 @@ fn a_rotten_dirty_block_in_a_dense_window_is_declared_lost_not_left_behind() {
     let c = r.v.status().counters;
     assert_eq!(c.dense_copy_forwards, 1, "the window was cut and copied");
     assert!(is_lost(&read_version(&r.v, 103), 103), "block 103 lost");
-    check(&r.v, &model, "after the dense copy");
+    check_model(&r.v, &model, "after the dense copy");
     let recovered = power_cut(r.cache.durable_image(), r.backing.durable_image());
     assert!(is_lost(&read_version(&recovered.v, 103), 103), "block 103 lost after a power cut");
-    check(&recovered.v, &model, "after a power cut");
+    check_model(&recovered.v, &model, "after a power cut");
 }
 
 /// Tiny segments (a reclaim record copies 2 blocks, or 1) and records of 2 entries: every
@@ -407,10 +388,10 @@ fn tiny_segments_and_small_records_still_make_progress() {
                 write_flush(&v, &mut model, first, n, 2 + i);
                 if i % 200 == 199 {
                     let again = power_cut(cache.durable_image(), backing.durable_image());
-                    check(&again.v, &model, "a power cut");
+                    check_model(&again.v, &model, "a power cut");
                 }
             }
-            check(&v, &model, "the end");
+            check_model(&v, &model, "the end");
             v.status().counters
         });
         let c = join_within(run, 120, "the writer (a livelock in reclaim?)");
@@ -437,5 +418,5 @@ fn a_clock_that_never_moves_copies_at_most_once() {
     fill_until_head(&r, &mut model, 2, 400, |_, _| {}, false);
     let c = r.v.status().counters;
     assert!(c.dense_copy_forwards <= 1, "{} dense copies on a clock that never moves", c.dense_copy_forwards);
-    check(&r.v, &model, "after the laps");
+    check_model(&r.v, &model, "after the laps");
 }

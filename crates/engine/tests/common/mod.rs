@@ -62,6 +62,23 @@ pub fn devices_on_clock(
     (cache, backing)
 }
 
+/// A power cut's survivors: fresh devices holding the durable images `cache` and `backing`,
+/// on a fresh `clock` with the same latencies (the volume recovered on them is the caller's).
+pub fn devices_from_images_on_clock(
+    cache: Vec<u8>,
+    backing: Vec<u8>,
+    clock: &SimClock,
+    cache_latency: SimLatency,
+    backing_latency: SimLatency,
+) -> (Arc<SimDevice>, Arc<SimDevice>) {
+    let cache =
+        Arc::new(SimDevice::from_image(cache, BS as u32).with_name("cache").with_clock(clock.clone(), cache_latency));
+    let backing = Arc::new(
+        SimDevice::from_image(backing, BS as u32).with_name("backing").with_clock(clock.clone(), backing_latency),
+    );
+    (cache, backing)
+}
+
 /// `devices_seg` with default options, and the volume on them opened with `options`.
 pub fn volume_seg(
     log_segments: u64,
@@ -106,6 +123,26 @@ pub fn read_version(v: &Volume, block: u64) -> Result<Option<u64>, EngineError> 
     let mut buf = vec![0u8; BS];
     v.read(block * BS as u64, &mut buf)?;
     Ok(version_of(block, &buf))
+}
+
+/// What a test wrote: block -> version last flushed.
+pub type Model = std::collections::BTreeMap<u64, u64>;
+
+/// Writes blocks `first..first + n` at `version` in one request, FLUSHes, and notes them in
+/// `model`.
+pub fn write_flush(v: &Volume, model: &mut Model, first: u64, n: u64, version: u64) {
+    v.write(first * BS as u64, &stamps(first, n, version)).unwrap();
+    v.flush().unwrap();
+    for b in first..first + n {
+        model.insert(b, version);
+    }
+}
+
+/// Every block of `model` reads back at its version (`what` names the moment in a failure).
+pub fn check_model(v: &Volume, model: &Model, what: &str) {
+    for (&b, &version) in model {
+        assert_eq!(read_version(v, b).unwrap(), Some(version), "{what}: block {b}");
+    }
 }
 
 /// Checks that the backing device itself (not the volume) holds each `(block, version)`:
