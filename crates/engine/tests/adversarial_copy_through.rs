@@ -31,15 +31,13 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tiercache_device::{BlockDevice, SimClock, SimDevice, SimLatency};
+use tiercache_device::{BlockDevice, SimClock, SimDevice};
 use tiercache_engine::{Volume, VolumeOptions};
 
 mod common;
 use common::*;
 
 const BACKING_BLOCKS: u64 = 8192;
-const FAST: SimLatency = SimLatency { read_ns: 10_000, write_ns: 20_000, flush_ns: 50_000 };
-const SLOW: SimLatency = SimLatency { read_ns: 5_000_000, write_ns: 8_000_000, flush_ns: 20_000_000 };
 
 struct Rig {
     cache: Arc<SimDevice>,

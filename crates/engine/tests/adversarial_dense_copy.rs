@@ -50,8 +50,6 @@ use common::holds::{join_within, Dev, Op};
 use common::*;
 
 const BACKING_BLOCKS: u64 = 2048;
-const FAST: SimLatency = SimLatency { read_ns: 10_000, write_ns: 20_000, flush_ns: 50_000 };
-const SLOW: SimLatency = SimLatency { read_ns: 5_000_000, write_ns: 8_000_000, flush_ns: 20_000_000 };
 const NONE: SimLatency = SimLatency { read_ns: 0, write_ns: 0, flush_ns: 0 };
 
 /// Block 50: written and timed by one write-back before the log fills (below every crafted

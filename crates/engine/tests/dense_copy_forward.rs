@@ -32,9 +32,6 @@ const SEGMENT: u32 = 16;
 const LOG_BLOCKS: u64 = 1024;
 const BACKING_BLOCKS: u64 = 2048;
 
-const FAST: SimLatency = SimLatency { read_ns: 10_000, write_ns: 20_000, flush_ns: 50_000 };
-const SLOW: SimLatency = SimLatency { read_ns: 5_000_000, write_ns: 8_000_000, flush_ns: 20_000_000 };
-
 struct Rig {
     cache: Arc<SimDevice>,
     backing: Arc<SimDevice>,

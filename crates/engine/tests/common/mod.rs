@@ -36,6 +36,12 @@ pub fn devices_seg(log_segments: u64, seg: u32, blocks: u64, opts: CreateOptions
     (cache, backing)
 }
 
+/// The dense-window tests' devices: a fast cache (tens of microseconds an I/O) and a slow
+/// backing device (milliseconds, an HDD's order), so that copying forward is measured cheaper
+/// than writing back.
+pub const FAST: SimLatency = SimLatency { read_ns: 10_000, write_ns: 20_000, flush_ns: 50_000 };
+pub const SLOW: SimLatency = SimLatency { read_ns: 5_000_000, write_ns: 8_000_000, flush_ns: 20_000_000 };
+
 /// A cache of `log_blocks` blocks in segments of `seg`, and a backing device of `blocks`
 /// blocks stamped with version 0, each advancing `clock` by its latencies at every I/O (give
 /// the volume the same clock, and its timings follow the devices': virtual time, exact).
