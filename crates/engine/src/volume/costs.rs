@@ -46,8 +46,9 @@ pub(crate) const DENSE_MIN_FREE_DIVISOR: u64 = 8;
 const LAP_MARGIN: u64 = 16;
 
 /// Copying a window too dense to pay for itself is never chosen while more than this share
-/// (per mille) of the log is dirty: a writer would copy `d / (1 - d)` blocks (7 here) for each
-/// one freed, and wait for all of them. Above it the window is written back.
+/// (per mille) of what the head meets next is unfreeable (dirty, or headers for its copies):
+/// a writer would copy `d / (1 - d)` blocks (7 here) for each one freed, and wait for all of
+/// them. Above it the window is written back.
 pub(crate) const COPY_THROUGH_MAX_DIRTY_PERMILLE: u64 = 875;
 
 impl ReclaimCosts {
@@ -89,15 +90,16 @@ impl ReclaimCosts {
 
     /// Whether copying a window too dense to free much on its own (`dirty` of its `window`
     /// blocks) is cheaper than writing it back, judged over a lap of the head: with
-    /// `log_dirty` of the log's `log_blocks` dirty, the head passing a block copies it with
-    /// chance `d = log_dirty / log_blocks` and frees it otherwise, so copying frees a block
-    /// for `d / (1 - d)` copies on average, where writing this window back costs
-    /// `dirty / window` write-backs per block freed; with a margin of `LAP_MARGIN`. Never while more than
-    /// `COPY_THROUGH_MAX_DIRTY_PERMILLE` of the log is dirty. Like `copy_is_cheaper`: no until
-    /// a write-back was timed, then an untimed copy is tried once.
-    pub(crate) fn copy_through_is_cheaper(&self, dirty: u64, window: u64, log_dirty: u64, log_blocks: u64) -> bool {
-        assert!(window > 0 && log_blocks > 0, "an empty window or log: {window} of {log_blocks}");
-        if log_dirty * 1000 > log_blocks * COPY_THROUGH_MAX_DIRTY_PERMILLE {
+    /// `unfreeable` of the `stretch` blocks the head meets next unfreeable (dirty, or headers
+    /// their copies need), the head passing a block copies it with chance
+    /// `d = unfreeable / stretch` and frees it otherwise, so copying frees a block for
+    /// `d / (1 - d)` copies on average, where writing this window back costs `dirty / window`
+    /// write-backs per block freed; with a margin of `LAP_MARGIN`. Never while `d` is above
+    /// `COPY_THROUGH_MAX_DIRTY_PERMILLE`. Like `copy_is_cheaper`: no until a write-back was
+    /// timed, then an untimed copy is tried once.
+    pub(crate) fn copy_through_is_cheaper(&self, dirty: u64, window: u64, unfreeable: u64, stretch: u64) -> bool {
+        assert!(window > 0 && stretch > 0, "an empty window or stretch: {window} of {stretch}");
+        if unfreeable * 1000 > stretch * COPY_THROUGH_MAX_DIRTY_PERMILLE {
             return false;
         }
         match (self.write_back_ns_per_block, self.copy_ns_per_block) {
@@ -105,8 +107,8 @@ impl ReclaimCosts {
             (Some(_), None) => true,
             (Some(wb), Some(cp)) => {
                 // cp * d / (1 - d) * margin < wb * dirty / window, multiplied out.
-                let copy = u128::from(cp) * u128::from(log_dirty) * u128::from(window) * u128::from(LAP_MARGIN);
-                let write_back = u128::from(wb) * u128::from(dirty) * u128::from(log_blocks - log_dirty);
+                let copy = u128::from(cp) * u128::from(unfreeable) * u128::from(window) * u128::from(LAP_MARGIN);
+                let write_back = u128::from(wb) * u128::from(dirty) * u128::from(stretch - unfreeable);
                 copy < write_back
             }
         }
