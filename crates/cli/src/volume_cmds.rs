@@ -339,6 +339,10 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         ("oldest dirty", s.oldest_dirty_age_seconds.map_or("-".into(), |a| format!("{a:.1} s"))),
         ("read hit ratio", s.read_hit_ratio.map_or("-".into(), |r| format!("{:.1} % since start", 100.0 * r))),
         (
+            "batched hit reads",
+            format!("{} reads found their hits in several runs of the log and read them together", s.counters.batched_cache_reads),
+        ),
+        (
             "read misses",
             format!(
                 "{} blocks admitted; left out: {} of long sequential streams, {} of reads over the admission limit",

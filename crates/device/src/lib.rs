@@ -23,6 +23,7 @@ mod emulated;
 mod error;
 mod file;
 mod sim;
+mod uring;
 
 pub use aligned::AlignedBuf;
 pub use clock::{Clock, MonotonicClock, SimClock};
@@ -33,6 +34,13 @@ pub use file::{FileDevice, OpenOptions};
 pub use sim::{CrashReport, FailMode, OpKind, SimDevice, SimFaults, SimLatency, SimStats};
 
 use std::sync::Arc;
+
+/// One range of a batch read ([`BlockDevice::read_batch`]): `bufs` filled in order from
+/// `offset`, as one scatter read.
+pub struct ReadRange<'a> {
+    pub offset: u64,
+    pub bufs: Vec<&'a mut [u8]>,
+}
 
 /// The size of the sector a write can tear into on every device this crate models: the
 /// smallest unit a disk writes atomically.
@@ -58,6 +66,13 @@ pub trait BlockDevice: Send + Sync {
             at += buf.len() as u64;
         }
         Ok(())
+    }
+    /// Reads several ranges with all of them in flight at once where the device can (a large
+    /// cached read is one range per run of consecutive log slots): returns each range's
+    /// result, in order. The fallback reads one range after another; [`FileDevice`] issues
+    /// them together through io_uring, [`EmulatedDevice`] books them as concurrent requests.
+    fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<Result<()>> {
+        ranges.iter_mut().map(|r| self.read_vectored_at(r.offset, &mut r.bufs)).collect()
     }
     /// Writes `buf` at `offset`. Visible to reads on completion; durable after the next flush.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
@@ -116,6 +131,9 @@ macro_rules! forward_block_device {
             }
             fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> Result<()> {
                 (**self).read_vectored_at(offset, bufs)
+            }
+            fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<Result<()>> {
+                (**self).read_batch(ranges)
             }
             fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
                 (**self).write_at(offset, buf)

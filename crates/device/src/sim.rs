@@ -18,7 +18,8 @@
 
 use crate::clock::SimClock;
 use crate::error::{DeviceError, Result};
-use crate::{check_request, BlockDevice, SECTOR_SIZE};
+use crate::{check_request, BlockDevice, ReadRange, SECTOR_SIZE};
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -372,6 +373,22 @@ impl BlockDevice for SimDevice {
         }
         s.stats.reads += 1;
         Ok(())
+    }
+
+    fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<Result<()>> {
+        // Requests in flight together complete in any order: each range is its own I/O (its
+        // latency, fault draw and count), served in an order drawn from the device's seeded
+        // RNG, so a simulation covers every order its seed picks.
+        let mut order: Vec<usize> = (0..ranges.len()).collect();
+        if order.len() > 1 {
+            order.shuffle(&mut self.lock().fault_rng);
+        }
+        let mut results: Vec<Option<Result<()>>> = (0..ranges.len()).map(|_| None).collect();
+        for i in order {
+            let r = &mut ranges[i];
+            results[i] = Some(self.read_vectored_at(r.offset, &mut r.bufs));
+        }
+        results.into_iter().map(|r| r.expect("every range served")).collect()
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {

@@ -49,9 +49,13 @@ pub const WRITE_AROUND_MIN_BYTES: u64 = 64 * 1024;
 pub const WRITE_AROUND_YIELD_MS: u64 = 100;
 /// ...unless dirty data fills more than this share of the log (per mille).
 pub const WRITE_AROUND_YIELD_MAX_PERMILLE: u64 = 900;
-/// A cached read is one scatter I/O across at most this many skipped log slots (the record
-/// headers between the runs of a request's blocks: 8 cover a 4 MiB request).
-pub const MAX_SKIPPED_SLOTS: usize = 8;
+/// A cached read is one scatter I/O across at most this many skipped log slots in all (the
+/// record headers between the runs of a request's blocks, and the few blocks of other
+/// requests that concurrent writers put between them): reading 32 unwanted blocks costs
+/// less than a second I/O.
+pub const MAX_SKIPPED_SLOTS: usize = 32;
+/// ...and at most this many in one place.
+pub const MAX_GAP_SLOTS: usize = 8;
 /// Write-back and copy-forward read a stretch of log slots in one scatter I/O through gaps
 /// of up to this many slots they do not need (record headers, clean or stale blocks): 32 KiB
 /// more transfer costs less than another I/O's latency on every device profile.

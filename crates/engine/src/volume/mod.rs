@@ -108,7 +108,7 @@ use staging::Staging;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, MutexGuard};
-use tiercache_device::{AlignedBuf, BlockDevice, Clock, DeviceError};
+use tiercache_device::{AlignedBuf, BlockDevice, Clock, DeviceError, ReadRange};
 use tiercache_format::{
     checksum, uuid_low64, CheckpointEntry, CheckpointHeader, EntryKind, Fingerprint, Layout, RecordEntry, RecordHeader,
     Superblock, FINGERPRINT_BLOCKS,
@@ -230,6 +230,10 @@ pub struct Counters {
     pub bypassed_blocks_sequential: u64,
     pub written_blocks: u64,
     pub records_written: u64,
+    /// Reads whose cache hits lay in several runs of log slots, read in flight together
+    /// (`BlockDevice::read_batch`).
+    #[serde(default)]
+    pub batched_cache_reads: u64,
     /// Records sealed while an older record's write was still in progress (the pipeline).
     #[serde(default)]
     pub overlapped_record_writes: u64,

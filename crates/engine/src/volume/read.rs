@@ -102,9 +102,13 @@ impl Volume {
         Ok((plan, admit))
     }
 
-    /// Reads the misses from the backing device, merged into runs of consecutive blocks.
+    /// Reads the misses from the backing device, merged into runs of consecutive blocks, all
+    /// runs in flight together (`BlockDevice::read_batch`).
     pub(super) fn read_backing_runs(&self, first: u64, plan: &[Source], buf: &mut [u8]) -> Result<()> {
         let bs = self.bs;
+        let mut ranges: Vec<ReadRange<'_>> = Vec::new();
+        let mut rest = buf;
+        let mut at = 0;
         let mut i = 0;
         while i < plan.len() {
             if !matches!(plan[i], Source::Backing) {
@@ -115,62 +119,107 @@ impl Volume {
             while i < plan.len() && matches!(plan[i], Source::Backing) {
                 i += 1;
             }
-            let offset = (first + start as u64) * bs as u64;
-            self.backing.read_at(offset, &mut buf[start * bs..i * bs]).map_err(EngineError::backing)?;
+            take(&mut rest, (start - at) * bs);
+            let run = take(&mut rest, (i - start) * bs);
+            at = i;
+            ranges.push(ReadRange { offset: (first + start as u64) * bs as u64, bufs: vec![run] });
         }
-        Ok(())
+        self.backing.read_batch(&mut ranges).into_iter().try_for_each(|r| r.map_err(EngineError::backing))
     }
 
-    /// Reads the cache hits: one I/O per run of blocks in ascending log slots with at most
-    /// one slot between neighbours (a sequential write or admission put them there, the next
-    /// record's header between two records' data), each block verified on its own. A skipped
-    /// slot is read into a scratch block in the same scatter read (`read_vectored_at`), so a
-    /// large request is one I/O however many records it spans. Returns the blocks to read
-    /// again (I/O error or checksum failure).
+    /// Reads the cache hits: one I/O per run of the request's blocks in ascending log slots
+    /// with at most one slot between neighbours, whatever their order in the request
+    /// (concurrent writers interleave their requests in the log, so a large read's blocks lie
+    /// in a few stretches of slots, not always in its own order: each block's buffer goes
+    /// where its slot falls in the scatter read). A skipped slot (the next record's header
+    /// between two records' data) is read into a scratch block in the same scatter read, so a
+    /// run is one I/O however many records it spans. All runs are in flight together
+    /// (`BlockDevice::read_batch`), and each block is verified on its own. Returns the blocks
+    /// to read again (I/O error or checksum failure).
     fn read_cache_runs(&self, plan: &[Source], buf: &mut [u8]) -> Vec<usize> {
         let bs = self.bs;
-        let mut retry: Vec<usize> = Vec::new();
-        let mut scratch: Option<AlignedBuf> = None;
-        let mut i = 0;
-        while i < plan.len() {
-            let Source::Cache(e, _) = plan[i] else {
-                i += 1;
-                continue;
-            };
-            let start = i;
-            let (mut last, mut gaps) = (e.slot, 0usize);
-            i += 1;
-            while let Some(Source::Cache(n, _)) = plan.get(i) {
-                if n.slot == last + 1 || (n.slot == last + 2 && gaps < MAX_SKIPPED_SLOTS) {
-                    gaps += (n.slot - last - 1) as usize;
-                    last = n.slot;
-                    i += 1;
-                } else {
-                    break;
+        // The hits in slot order (a sequential layout is already in it), then the runs: ranges
+        // of `hits` and the slots each skips.
+        let mut hits: Vec<(u32, usize)> = plan
+            .iter()
+            .enumerate()
+            .filter_map(|(k, src)| match src {
+                Source::Cache(e, _) => Some((e.slot, k)),
+                _ => None,
+            })
+            .collect();
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        hits.sort_unstable();
+        let mut runs: Vec<(std::ops::Range<usize>, usize)> = Vec::new();
+        let mut start = 0;
+        let mut skipped = 0;
+        for j in 1..=hits.len() {
+            let gap = hits.get(j).map(|h| (h.0 - hits[j - 1].0 - 1) as usize);
+            match gap {
+                Some(0) => {}
+                Some(g) if g <= MAX_GAP_SLOTS && skipped + g <= MAX_SKIPPED_SLOTS => skipped += g,
+                _ => {
+                    runs.push((start..j, skipped));
+                    start = j;
+                    skipped = 0;
                 }
             }
-            let offset = self.layout.log_offset(u64::from(e.slot));
-            let read = if gaps == 0 {
-                self.cache.read_at(offset, &mut buf[start * bs..i * bs])
-            } else {
-                // One buffer per block, a scratch block for each skipped slot (never looked at).
-                let skipped = scratch.get_or_insert_with(|| AlignedBuf::new(MAX_SKIPPED_SLOTS * bs));
-                let mut skip_blocks = skipped.chunks_mut(bs);
-                let mut blocks = buf[start * bs..i * bs].chunks_mut(bs);
-                let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(i - start + gaps);
-                let mut prev = e.slot;
-                for (k, src) in plan.iter().enumerate().take(i).skip(start) {
-                    let Source::Cache(n, _) = src else { unreachable!("a run holds cache blocks only") };
-                    if k > start && n.slot == prev + 2 {
-                        bufs.push(skip_blocks.next().expect("at most MAX_SKIPPED_SLOTS skipped"));
-                    }
-                    bufs.push(blocks.next().expect("one block per plan entry"));
-                    prev = n.slot;
+        }
+        // The pieces: stretches of a run whose blocks follow each other in the request too
+        // (one buffer each; the whole run where the layout is sequential), as (first block,
+        // blocks, slots skipped before it), in slot order; each run's are `pieces[from..to]`.
+        let mut pieces: Vec<(usize, usize, usize)> = Vec::new();
+        let mut run_pieces: Vec<std::ops::Range<usize>> = Vec::with_capacity(runs.len());
+        for (run, _) in &runs {
+            let from = pieces.len();
+            for j in run.clone() {
+                let (slot, k) = hits[j];
+                let joins = j > run.start && slot == hits[j - 1].0 + 1 && k == hits[j - 1].1 + 1;
+                if joins {
+                    pieces.last_mut().expect("a piece to extend").1 += 1;
+                } else {
+                    let skipped = if j > run.start { (slot - hits[j - 1].0 - 1) as usize } else { 0 };
+                    pieces.push((k, 1, skipped));
                 }
-                self.cache.read_vectored_at(offset, &mut bufs)
-            };
-            for k in start..i {
-                let Source::Cache(e, _) = plan[k] else { unreachable!("a run holds cache blocks only") };
+            }
+            run_pieces.push(from..pieces.len());
+        }
+        // The request's buffer cut into the pieces (in request order), then handed out per run.
+        let mut by_block: Vec<usize> = (0..pieces.len()).collect();
+        by_block.sort_unstable_by_key(|&p| pieces[p].0);
+        let mut slices: Vec<Option<&mut [u8]>> = (0..pieces.len()).map(|_| None).collect();
+        let (mut rest, mut at) = (&mut *buf, 0);
+        for p in by_block {
+            let (k, n, _) = pieces[p];
+            take(&mut rest, (k - at) * bs);
+            slices[p] = Some(take(&mut rest, n * bs));
+            at = k + n;
+        }
+        let scratch_blocks: usize = runs.iter().map(|r| r.1).sum();
+        let mut scratch = (scratch_blocks > 0).then(|| AlignedBuf::new(scratch_blocks * bs));
+        let mut scratch = scratch.iter_mut().flat_map(|s| s.chunks_mut(bs));
+        let mut ranges: Vec<ReadRange<'_>> = Vec::with_capacity(runs.len());
+        for ((run, _), ps) in runs.iter().zip(&run_pieces) {
+            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(2 * ps.len());
+            for p in ps.clone() {
+                for _ in 0..pieces[p].2 {
+                    bufs.push(scratch.next().expect("a scratch block per skipped slot"));
+                }
+                bufs.push(slices[p].take().expect("each piece in one run"));
+            }
+            ranges.push(ReadRange { offset: self.layout.log_offset(u64::from(hits[run.start].0)), bufs });
+        }
+        if ranges.len() > 1 {
+            self.lock().counters.batched_cache_reads += 1;
+        }
+        let results = self.cache.read_batch(&mut ranges);
+        drop(ranges);
+        let mut retry: Vec<usize> = Vec::new();
+        for ((run, _), read) in runs.iter().zip(results) {
+            for &(_, k) in &hits[run.clone()] {
+                let Source::Cache(e, _) = plan[k] else { unreachable!("hits are cache blocks") };
                 if read.is_err() || checksum(&buf[k * bs..(k + 1) * bs]) != e.crc {
                     retry.push(k);
                 }
@@ -318,4 +367,12 @@ impl Volume {
         buf.copy_from_slice(&whole[at..at + buf.len()]);
         Ok(())
     }
+}
+
+/// Splits the first `n` bytes off `rest` (the buffers of a batch read are disjoint parts of
+/// one request's buffer, handed out in order).
+fn take<'a>(rest: &mut &'a mut [u8], n: usize) -> &'a mut [u8] {
+    let (head, tail) = std::mem::take(rest).split_at_mut(n);
+    *rest = tail;
+    head
 }
