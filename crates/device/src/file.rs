@@ -374,13 +374,10 @@ impl BlockDevice for FileDevice {
                         }
                         Ok(())
                     }
-                    // A short read or a retryable error: the range again, on its own (the
-                    // synchronous path resumes short reads and retries EINTR).
-                    Ok(_) => self.read_vectored_at(r.offset, &mut r.bufs),
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN)) => {
-                        self.read_vectored_at(r.offset, &mut r.bufs)
-                    }
-                    Err(e) => Err(self.io_err("read", e)),
+                    // A short read or any error: the range again, on its own (the synchronous
+                    // path resumes short reads, retries EINTR, and reports an error as the
+                    // device gives it to `preadv`, where a file system refused the ring's).
+                    _ => self.read_vectored_at(r.offset, &mut r.bufs),
                 }
             })
             .collect()
@@ -822,5 +819,324 @@ mod tests {
         } else {
             assert_eq!(calls, 0, "8 ranges through io_uring took {calls} read syscalls");
         }
+    }
+}
+
+/// Adversarial review of `FileDevice::read_batch` / uring.rs (commit 394453e).
+#[cfg(test)]
+mod adversarial_batch_tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    fn patterned(dir: &tempfile::TempDir, blocks: u32) -> (PathBuf, Vec<u8>) {
+        let p = dir.path().join("dev");
+        let data: Vec<u8> = (0..blocks * 4096).map(|i| (i / 4096 * 7 + i % 251) as u8).collect();
+        std::fs::write(&p, &data).unwrap();
+        (p, data)
+    }
+
+    fn open(p: &Path, direct: bool) -> Option<FileDevice> {
+        match FileDevice::open_with(p, OpenOptions { direct, lock: false, read_only: false }) {
+            Err(DeviceError::DirectIoUnsupported { .. }) => None,
+            r => Some(r.unwrap()),
+        }
+    }
+
+    /// One range of more than IOV_MAX buffers sends the whole batch to the sequential path;
+    /// a range of exactly 1024 goes through the ring. Every byte in place either way.
+    #[test]
+    fn adv_more_than_1024_iovecs_and_exactly_1024() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 3000);
+        for direct in [true, false] {
+            let Some(dev) = open(&p, direct) else { continue };
+            for (n0, n1) in [(1500usize, 1024usize), (1024, 1), (1025, 3)] {
+                let mut a = AlignedBuf::new(n0 * 4096);
+                let mut b = AlignedBuf::new(n1 * 4096);
+                let off1 = 1600 * 4096u64;
+                let results = {
+                    let mut ranges = vec![
+                        ReadRange { offset: 4096, bufs: a.chunks_mut(4096).collect() },
+                        ReadRange { offset: off1, bufs: b.chunks_mut(4096).collect() },
+                    ];
+                    dev.read_batch(&mut ranges)
+                };
+                assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+                assert_eq!(&a[..], &data[4096..4096 + n0 * 4096], "({n0},{n1}) direct {direct}");
+                assert_eq!(&b[..], &data[off1 as usize..off1 as usize + n1 * 4096], "({n0},{n1}) direct {direct}");
+            }
+        }
+    }
+
+    /// Empty buffers inside a range (one with an aligned pointer, one dangling), and a batch
+    /// with an all-empty range.
+    #[test]
+    fn adv_empty_buffers_in_a_batch() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 64);
+        for direct in [true, false] {
+            let Some(dev) = open(&p, direct) else { continue };
+            let mut a = AlignedBuf::new(3 * 4096);
+            let mut c = AlignedBuf::new(4096);
+            let mut empty: [u8; 0] = [];
+            let results = {
+                let (x, rest) = a.split_at_mut(4096);
+                let (e, rest) = rest.split_at_mut(0);
+                let mut ranges = vec![
+                    ReadRange { offset: 8 * 4096, bufs: vec![x, e, &mut empty[..], rest] },
+                    ReadRange { offset: 40 * 4096, bufs: vec![&mut c[..]] },
+                ];
+                dev.read_batch(&mut ranges)
+            };
+            assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+            assert_eq!(&a[..], &data[8 * 4096..11 * 4096]);
+            assert_eq!(&c[..], &data[40 * 4096..41 * 4096]);
+            // A batch with a range of nothing at all.
+            let mut d = AlignedBuf::new(4096);
+            let results = {
+                let mut ranges =
+                    vec![ReadRange { offset: 0, bufs: vec![] }, ReadRange { offset: 4096, bufs: vec![&mut d[..]] }];
+                dev.read_batch(&mut ranges)
+            };
+            assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+            assert_eq!(&d[..], &data[4096..8192]);
+        }
+    }
+
+    /// io_uring unavailable: every batch one read after another, still right.
+    #[test]
+    fn adv_unavailable_falls_back_sequentially() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 256);
+        crate::uring::UNAVAILABLE.store(true, Ordering::Relaxed);
+        for direct in [true, false] {
+            let Some(dev) = open(&p, direct) else { continue };
+            let n = 40;
+            let mut bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::new(2 * 4096 + 1)).collect();
+            let results = {
+                let mut ranges: Vec<ReadRange<'_>> = bufs
+                    .iter_mut()
+                    .enumerate()
+                    .map(|(i, b)| {
+                        let bufs =
+                            if i % 2 == 0 { vec![&mut b[1..1 + 8192]] } else { b[..8192].chunks_mut(4096).collect() };
+                        ReadRange { offset: (i as u64 * 3 % 250) * 4096, bufs }
+                    })
+                    .collect();
+                dev.read_batch(&mut ranges)
+            };
+            for (i, (r, b)) in results.iter().zip(&bufs).enumerate() {
+                assert!(r.is_ok(), "{i}: {r:?}");
+                let off = (i * 3 % 250) * 4096;
+                let got = if i % 2 == 0 { &b[1..1 + 8192] } else { &b[..8192] };
+                assert_eq!(got, &data[off..off + 8192], "range {i}");
+            }
+        }
+        crate::uring::UNAVAILABLE.store(false, Ordering::Relaxed);
+    }
+
+    /// The file shrank under the device: the ring returns a short read (or 0) for the
+    /// ranges at and past the new end; they must fail (not return stale/zero data as Ok),
+    /// and the range before the end must be right.
+    #[test]
+    fn adv_short_reads_when_the_file_shrank() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 64);
+        for direct in [true, false] {
+            std::fs::write(&p, &data).unwrap();
+            let Some(dev) = open(&p, direct) else { continue };
+            std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(32 * 4096).unwrap();
+            let (mut a, mut b, mut c, mut m) = (
+                AlignedBuf::new(4096),
+                AlignedBuf::new(2 * 4096),
+                AlignedBuf::new(4096),
+                AlignedBuf::new(2 * 4096 + 1),
+            );
+            let results = {
+                let mut ranges = vec![
+                    ReadRange { offset: 0, bufs: vec![&mut a[..]] },
+                    ReadRange { offset: 31 * 4096, bufs: vec![&mut b[..]] },
+                    ReadRange { offset: 40 * 4096, bufs: vec![&mut c[..]] },
+                    ReadRange { offset: 31 * 4096, bufs: vec![&mut m[1..]] },
+                ];
+                dev.read_batch(&mut ranges)
+            };
+            assert!(results[0].is_ok(), "{:?}", results[0]);
+            assert_eq!(&a[..], &data[..4096]);
+            assert!(results[1].is_err(), "a range across the new end must fail (direct {direct}): {:?}", results[1]);
+            assert!(results[2].is_err(), "a range past the new end must fail (direct {direct}): {:?}", results[2]);
+            assert!(results[3].is_err(), "a bounced range across the new end must fail (direct {direct})");
+        }
+    }
+
+    extern "C" fn on_signal(_: libc::c_int) {}
+
+    /// Signals without SA_RESTART hammer the reading thread: io_uring_enter and the
+    /// synchronous retries return EINTR; every batch must still be whole and right.
+    #[test]
+    fn adv_batches_survive_signals_eintr() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 512);
+        // SAFETY: a handler that does nothing, installed without SA_RESTART.
+        unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
+            sa.sa_flags = 0;
+            libc::sigemptyset(&mut sa.sa_mask);
+            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+        }
+        for direct in [true, false] {
+            let Some(dev) = open(&p, direct) else { continue };
+            let stop = Arc::new(AtomicBool::new(false));
+            // SAFETY: pthread_self has no preconditions.
+            let me = unsafe { libc::pthread_self() } as usize;
+            let killer = {
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let mut sent = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
+                        // SAFETY: the reading thread outlives this loop (joined after `stop`).
+                        unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) };
+                        sent += 1;
+                        std::thread::sleep(std::time::Duration::from_micros(5));
+                    }
+                    sent
+                })
+            };
+            for round in 0..1500usize {
+                let n = 2 + round % 40;
+                let mut bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::new(4 * 4096 + 1)).collect();
+                let results = {
+                    let mut ranges: Vec<ReadRange<'_>> = bufs
+                        .iter_mut()
+                        .enumerate()
+                        .map(|(i, b)| {
+                            let off = ((round * 13 + i * 17) % 500) as u64 * 4096;
+                            let bufs = if i % 3 == 0 {
+                                vec![&mut b[1..1 + 4 * 4096]]
+                            } else {
+                                b[..4 * 4096].chunks_mut(4096).collect()
+                            };
+                            ReadRange { offset: off, bufs }
+                        })
+                        .collect();
+                    dev.read_batch(&mut ranges)
+                };
+                for (i, (r, b)) in results.iter().zip(&bufs).enumerate() {
+                    assert!(r.is_ok(), "round {round} range {i}: {r:?}");
+                    let off = ((round * 13 + i * 17) % 500) * 4096;
+                    let got = if i % 3 == 0 { &b[1..1 + 4 * 4096] } else { &b[..4 * 4096] };
+                    assert_eq!(got, &data[off..off + 4 * 4096], "round {round} range {i} direct {direct}");
+                }
+            }
+            stop.store(true, Ordering::Relaxed);
+            let sent = killer.join().unwrap();
+            eprintln!("direct {direct}: {sent} signals");
+        }
+    }
+
+    fn uring_fds() -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+            .filter(|t| t.to_string_lossy().contains("io_uring"))
+            .count()
+    }
+
+    /// Many threads batch at once (a ring each); their rings close when they exit.
+    #[test]
+    fn adv_many_threads_rings_and_their_fds() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 256);
+        let Some(dev) = open(&p, true).or_else(|| open(&p, false)) else { return };
+        let dev = Arc::new(dev);
+        let data = Arc::new(data);
+        let before = uring_fds();
+        let threads: Vec<_> = (0..48)
+            .map(|t| {
+                let (dev, data) = (Arc::clone(&dev), Arc::clone(&data));
+                std::thread::spawn(move || {
+                    for round in 0..50usize {
+                        let mut bufs: Vec<AlignedBuf> = (0..5).map(|_| AlignedBuf::new(8192)).collect();
+                        let offs: Vec<usize> = (0..5).map(|i| (t * 7 + round * 3 + i * 11) % 250).collect();
+                        let results = {
+                            let mut ranges: Vec<ReadRange<'_>> = bufs
+                                .iter_mut()
+                                .zip(&offs)
+                                .map(|(b, &o)| ReadRange { offset: o as u64 * 4096, bufs: vec![&mut b[..]] })
+                                .collect();
+                            dev.read_batch(&mut ranges)
+                        };
+                        for ((r, b), &o) in results.iter().zip(&bufs).zip(&offs) {
+                            assert!(r.is_ok());
+                            assert_eq!(&b[..], &data[o * 4096..o * 4096 + 8192]);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(uring_fds(), before, "rings of exited threads are closed");
+    }
+
+    /// The child half of `adv_io_uring_enter_denied_falls_back`: a seccomp filter makes
+    /// io_uring_enter fail with EPERM (io_uring_setup still works, as under a sandbox that
+    /// filters only the former), then one batch. (Does nothing unless run as the child.)
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn adv_child_enter_denied() {
+        let Ok(path) = std::env::var("ADV_CHILD_PATH") else { return };
+        let dev = open(Path::new(&path), false).unwrap();
+        // SAFETY: installs a seccomp filter on this thread: io_uring_enter (426) -> EPERM.
+        unsafe {
+            let filter = [
+                libc::sock_filter { code: 0x20, jt: 0, jf: 0, k: 0 },   // ld nr
+                libc::sock_filter { code: 0x15, jt: 0, jf: 1, k: 426 }, // jeq io_uring_enter
+                libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x0005_0000 | libc::EPERM as u32 },
+                libc::sock_filter { code: 0x06, jt: 0, jf: 0, k: 0x7fff_0000 },
+            ];
+            let prog = libc::sock_fprog { len: filter.len() as u16, filter: filter.as_ptr() as *mut _ };
+            assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+            assert_eq!(libc::prctl(libc::PR_SET_SECCOMP, libc::SECCOMP_MODE_FILTER, &prog as *const _), 0);
+        }
+        let (mut a, mut b) = (AlignedBuf::new(4096), AlignedBuf::new(4096));
+        let results = {
+            let mut ranges = vec![
+                ReadRange { offset: 0, bufs: vec![&mut a[..]] },
+                ReadRange { offset: 4096, bufs: vec![&mut b[..]] },
+            ];
+            dev.read_batch(&mut ranges)
+        };
+        assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+        println!("CHILD-OK");
+    }
+
+    /// io_uring_setup works but io_uring_enter is refused (nothing was ever submitted, so
+    /// nothing is in flight): the batch should fall back to sequential reads, not abort.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn adv_io_uring_enter_denied_falls_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, _) = patterned(&dir, 16);
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "file::adversarial_batch_tests::adv_child_enter_denied",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("ADV_CHILD_PATH", &p)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && stdout.contains("CHILD-OK"),
+            "child: {:?}\nstdout: {stdout}\nstderr: {stderr}",
+            out.status
+        );
     }
 }

@@ -32,6 +32,7 @@ pub use emulated::{precise_wait_until, EmulatedDevice, Profile, SeekModel, PROFI
 pub use error::{DeviceError, Result};
 pub use file::{FileDevice, OpenOptions};
 pub use sim::{CrashReport, FailMode, OpKind, SimDevice, SimFaults, SimLatency, SimStats};
+pub use uring::ring_reads_on_this_thread;
 
 use std::sync::Arc;
 

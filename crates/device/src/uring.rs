@@ -42,7 +42,9 @@ pub(crate) struct Readv {
 
 /// Issues every read together (in groups of `RING_ENTRIES`) on `fd` and waits for all of
 /// them. Returns each one's byte count or error in order, or `None` (nothing issued) where
-/// io_uring is not available, for the caller to read one after another instead.
+/// io_uring is not available, for the caller to read one after another instead. A read the
+/// ring could not issue (the ring itself failed with nothing in flight) comes back as
+/// `EAGAIN`, which the caller retries on its own.
 ///
 /// # Safety
 /// Every iovec must point at memory valid for writes of its length, not otherwise accessed
@@ -57,15 +59,23 @@ pub(crate) unsafe fn readv_batch(fd: i32, reads: &[Readv]) -> Option<Vec<io::Res
             match IoUring::new(RING_ENTRIES as u32) {
                 Ok(ring) => *slot = Some(ring),
                 Err(e) => {
-                    tracing_free_note(&e);
-                    UNAVAILABLE.store(true, Ordering::Relaxed);
+                    // (Only a refusal is for good; running short of memory or descriptors
+                    // may pass, and the next batch tries again.)
+                    if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM | libc::EACCES)) {
+                        note_unavailable(&e);
+                        UNAVAILABLE.store(true, Ordering::Relaxed);
+                    }
                     return None;
                 }
             }
         }
-        let ring = slot.as_mut().expect("created above");
         let mut results: Vec<io::Result<usize>> = Vec::with_capacity(reads.len());
         for (g, group) in reads.chunks(RING_ENTRIES).enumerate() {
+            let Some(ring) = slot.as_mut() else {
+                // The ring failed in an earlier group: the rest are left to the caller.
+                results.extend(group.iter().map(|_| Err(io::Error::from_raw_os_error(libc::EAGAIN))));
+                continue;
+            };
             let base = g * RING_ENTRIES;
             {
                 let mut sq = ring.submission();
@@ -76,38 +86,68 @@ pub(crate) unsafe fn readv_batch(fd: i32, reads: &[Readv]) -> Option<Vec<io::Res
                         .user_data((base + k) as u64);
                     // SAFETY: the iovecs (held by `reads`, alive until this returns) point at
                     // buffers the caller lends for the call (this function's contract), and
-                    // the loop below waits for every request before returning.
+                    // the loop below waits for every request the kernel took before returning.
                     unsafe { sq.push(&entry) }.expect("the ring holds a whole group");
                 }
             }
             let mut done: Vec<Option<io::Result<usize>>> = (0..group.len()).map(|_| None).collect();
             let mut reaped = 0;
-            while reaped < group.len() {
-                match ring.submit_and_wait(group.len() - reaped) {
-                    Ok(_) => {}
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => {}
-                    Err(e) => {
-                        // Requests may be in flight with the caller's buffers: returning would
-                        // let the kernel write into memory given back (see the module header).
-                        eprintln!("tiercache: io_uring failed with reads in flight ({e}); aborting");
-                        std::process::abort();
-                    }
-                }
+            let reap = |ring: &mut IoUring, done: &mut [Option<io::Result<usize>>], reaped: &mut usize| {
                 for cqe in ring.completion() {
                     let k = cqe.user_data() as usize - base;
                     let res = cqe.result();
                     done[k] = Some(if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) });
-                    reaped += 1;
+                    *reaped += 1;
                 }
+            };
+            while reaped < group.len() {
+                if let Err(e) = ring.submit_and_wait(group.len() - reaped) {
+                    if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                        continue;
+                    }
+                    // The kernel takes entries off the submission queue as it issues them:
+                    // those still on it were never issued; those issued and not yet reaped
+                    // are in flight.
+                    reap(ring, &mut done, &mut reaped);
+                    let in_flight = group.len() - reaped - ring.submission().len();
+                    if in_flight > 0 {
+                        // Requests in flight own the caller's buffers: returning would let the
+                        // kernel write into memory given back (see the module header).
+                        eprintln!("tiercache: io_uring failed with {in_flight} reads in flight ({e}); aborting");
+                        std::process::abort();
+                    }
+                    // Nothing in flight: the ring goes (with the entries it never issued, which
+                    // must not be issued later), and so does io_uring for this process.
+                    note_unavailable(&e);
+                    UNAVAILABLE.store(true, Ordering::Relaxed);
+                    *slot = None;
+                    break;
+                }
+                reap(ring, &mut done, &mut reaped);
             }
-            results.extend(done.into_iter().map(|r| r.expect("every request completed")));
+            results
+                .extend(done.into_iter().map(|r| r.unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::EAGAIN)))));
         }
+        READS.with(|n| n.set(n.get() + reads.len() as u64));
         Some(results)
     })
 }
 
+thread_local! {
+    static READS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Reads this thread has put through its io_uring (they are not read syscalls: tests that
+/// count a read's device I/Os add these to /proc's `syscr`).
+pub fn ring_reads_on_this_thread() -> u64 {
+    READS.with(|n| n.get())
+}
+
 /// Says once, on stderr, why batches read one after another (no logging crate here: the
 /// device layer stays dependency-light).
-fn tracing_free_note(e: &io::Error) {
-    eprintln!("tiercache: io_uring unavailable ({e}); batched reads run one after another");
+fn note_unavailable(e: &io::Error) {
+    static SAID: AtomicBool = AtomicBool::new(false);
+    if !SAID.swap(true, Ordering::Relaxed) {
+        eprintln!("tiercache: io_uring unavailable ({e}); batched reads run one after another");
+    }
 }

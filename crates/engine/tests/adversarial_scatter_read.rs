@@ -22,13 +22,16 @@ fn syscr() -> u64 {
 }
 
 /// Read syscalls `f` makes on this thread (the sampling's own reads subtracted).
+/// Device reads `f` issued on this thread: read syscalls plus reads through its io_uring
+/// (which are not syscalls).
 fn reads_by(f: impl FnOnce()) -> u64 {
     let a = syscr();
     let b = syscr();
     let overhead = b - a;
+    let ring = tiercache_device::ring_reads_on_this_thread();
     f();
     let c = syscr();
-    c - b - overhead
+    c - b - overhead + tiercache_device::ring_reads_on_this_thread() - ring
 }
 
 /// A volume whose cache is an O_DIRECT `FileDevice` on a temporary file (None if the file

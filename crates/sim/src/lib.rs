@@ -62,7 +62,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use tiercache_device::{BlockDevice, Clock, FailMode, OpKind, SimClock, SimDevice};
+use tiercache_device::{BlockDevice, Clock, FailMode, OpKind, ReadRange, SimClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, EngineError, Role, Sabotage, Volume, VolumeOptions, WriteAroundPolicy};
 use tiercache_format::Layout;
 use tiercache_sched::{yield_now, Joined, Sched};
@@ -239,6 +239,16 @@ impl BlockDevice for TimedDevice {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         self.wait(self.read_ns);
         self.inner.read_at(offset, buf)
+    }
+    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> tiercache_device::Result<()> {
+        // One I/O, as the device's scatter read is (not one per buffer).
+        self.wait(self.read_ns);
+        self.inner.read_vectored_at(offset, bufs)
+    }
+    fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<tiercache_device::Result<()>> {
+        // In flight together: one latency, then the device serves them in a seeded order.
+        self.wait(self.read_ns);
+        self.inner.read_batch(ranges)
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         self.wait(self.write_ns);
@@ -1584,16 +1594,18 @@ mod tests {
     /// Reclaim's copy over the lap (a dirty window too dense to judge alone, copied because
     /// what the head meets next has room: `dense_choice`) under the simulator's crashes,
     /// concurrency and corruption. It is rare here (a margin of 16 over the measured costs):
-    /// `tiercache torture` found it in seeds 35 and 54 of 0..60 when written; each passes.
+    /// `tiercache torture` found it in seeds 25, 30 and 65 of 0..80 (35 and 54 when written,
+    /// before the simulated cache served scatter and batched reads as one I/O each, which
+    /// changed the devices' random streams); each passes.
     #[test]
     fn dense_windows_copied_over_the_lap_pass() {
         let mut throughs = 0;
-        for seed in [35, 54] {
+        for seed in [25, 30] {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
             throughs += r.dense_copy_throughs;
         }
-        assert!(throughs > 0, "no dense window copied over the lap in seeds 35 and 54: the test proves nothing");
+        assert!(throughs > 0, "no dense window copied over the lap in seeds 25 and 30: the test proves nothing");
     }
 
     /// A read whose cache hits lie in several runs of log slots issues them as one batch
@@ -1621,6 +1633,9 @@ mod tests {
     /// dense dirty windows forward where that is cheaper and the volume read the devices'
     /// virtual clock (a slot reused under a write-back in flight is rarer when fewer windows
     /// are written back): since then 9 of 300, first seed 110, then 159, 175 (hence 200).
+    /// (These counts predate the simulated cache serving scatter and batched reads as one I/O
+    /// each, which changed the devices' random streams; every variant is still caught within
+    /// the budget.)
     const SABOTAGE_SEEDS: u64 = 200;
 
     #[test]
@@ -1666,5 +1681,41 @@ mod explore {
                 t.elapsed().as_millis()
             );
         }
+    }
+}
+
+/// Adversarial review of 394453e: the simulator's cache device is a `TimedDevice` over a
+/// `SimDevice`; unless it forwards `read_batch` (and `read_vectored_at`), the seeded order of
+/// `SimDevice::read_batch` is never what the simulator's reads go through.
+#[cfg(test)]
+mod adversarial_batch_tests {
+    use super::*;
+    use tiercache_device::ReadRange;
+
+    #[test]
+    fn adv_timed_device_forwards_read_batch_to_the_sim_device() {
+        let clock = SimClock::new();
+        let inner = Arc::new(SimDevice::new(64 * 4096, 4096));
+        let timed = TimedDevice {
+            inner: Arc::clone(&inner),
+            clock: clock.clone(),
+            read_ns: (0, 0),
+            write_ns: (0, 0),
+            flush_ns: (0, 0),
+            stall: 0.0,
+            flush_scale: Arc::new(AtomicU64::new(1)),
+            rng: Mutex::new(ChaCha8Rng::seed_from_u64(1)),
+        };
+        let (mut a, mut b) = (vec![0u8; 3 * 4096], vec![0u8; 3 * 4096]);
+        let before = inner.stats().reads;
+        {
+            let mut ranges = vec![
+                ReadRange { offset: 0, bufs: a.chunks_mut(4096).collect() },
+                ReadRange { offset: 16 * 4096, bufs: b.chunks_mut(4096).collect() },
+            ];
+            assert!(timed.read_batch(&mut ranges).iter().all(|r| r.is_ok()));
+        }
+        let reads = inner.stats().reads - before;
+        assert_eq!(reads, 2, "a batch of two 3-buffer ranges reached the SimDevice as {reads} reads");
     }
 }

@@ -138,8 +138,13 @@ impl Volume {
     /// to read again (I/O error or checksum failure).
     fn read_cache_runs(&self, plan: &[Source], buf: &mut [u8]) -> Vec<usize> {
         let bs = self.bs;
-        // The hits in slot order (a sequential layout is already in it), then the runs: ranges
-        // of `hits` and the slots each skips.
+        if let Some((k, n, slot)) = one_piece(plan) {
+            // (The common case, a request whose hits lie in consecutive slots in its own
+            // order: one read straight into its place, nothing to sort or allocate.)
+            let read = self.cache.read_at(self.layout.log_offset(u64::from(slot)), &mut buf[k * bs..(k + n) * bs]);
+            return self.unverified(plan, buf, k..k + n, read.is_ok()).collect();
+        }
+        // The hits in slot order, then the runs: ranges of `hits` and the slots each skips.
         let mut hits: Vec<(u32, usize)> = plan
             .iter()
             .enumerate()
@@ -156,10 +161,11 @@ impl Volume {
         let mut start = 0;
         let mut skipped = 0;
         for j in 1..=hits.len() {
-            let gap = hits.get(j).map(|h| (h.0 - hits[j - 1].0 - 1) as usize);
+            // (Two hits never share a slot: the index maps a slot to one block.)
+            let gap = hits.get(j).map(|h| h.0.saturating_sub(hits[j - 1].0 + 1) as usize);
             match gap {
-                Some(0) => {}
-                Some(g) if g <= MAX_GAP_SLOTS && skipped + g <= MAX_SKIPPED_SLOTS => skipped += g,
+                Some(0) if hits[j].0 > hits[j - 1].0 => {}
+                Some(g) if g > 0 && g <= MAX_GAP_SLOTS && skipped + g <= MAX_SKIPPED_SLOTS => skipped += g,
                 _ => {
                     runs.push((start..j, skipped));
                     start = j;
@@ -169,8 +175,9 @@ impl Volume {
         }
         // The pieces: stretches of a run whose blocks follow each other in the request too
         // (one buffer each; the whole run where the layout is sequential), as (first block,
-        // blocks, slots skipped before it), in slot order; each run's are `pieces[from..to]`.
-        let mut pieces: Vec<(usize, usize, usize)> = Vec::new();
+        // blocks, first slot, slots skipped before it), in slot order; each run's are
+        // `pieces[run_pieces[r]]`.
+        let mut pieces: Vec<(usize, usize, u32, usize)> = Vec::new();
         let mut run_pieces: Vec<std::ops::Range<usize>> = Vec::with_capacity(runs.len());
         for (run, _) in &runs {
             let from = pieces.len();
@@ -181,51 +188,83 @@ impl Volume {
                     pieces.last_mut().expect("a piece to extend").1 += 1;
                 } else {
                     let skipped = if j > run.start { (slot - hits[j - 1].0 - 1) as usize } else { 0 };
-                    pieces.push((k, 1, skipped));
+                    pieces.push((k, 1, slot, skipped));
                 }
             }
             run_pieces.push(from..pieces.len());
         }
-        // The request's buffer cut into the pieces (in request order), then handed out per run.
-        let mut by_block: Vec<usize> = (0..pieces.len()).collect();
-        by_block.sort_unstable_by_key(|&p| pieces[p].0);
-        let mut slices: Vec<Option<&mut [u8]>> = (0..pieces.len()).map(|_| None).collect();
-        let (mut rest, mut at) = (&mut *buf, 0);
-        for p in by_block {
-            let (k, n, _) = pieces[p];
-            take(&mut rest, (k - at) * bs);
-            slices[p] = Some(take(&mut rest, n * bs));
-            at = k + n;
-        }
-        let scratch_blocks: usize = runs.iter().map(|r| r.1).sum();
-        let mut scratch = (scratch_blocks > 0).then(|| AlignedBuf::new(scratch_blocks * bs));
-        let mut scratch = scratch.iter_mut().flat_map(|s| s.chunks_mut(bs));
-        let mut ranges: Vec<ReadRange<'_>> = Vec::with_capacity(runs.len());
-        for ((run, _), ps) in runs.iter().zip(&run_pieces) {
-            let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(2 * ps.len());
-            for p in ps.clone() {
-                for _ in 0..pieces[p].2 {
-                    bufs.push(scratch.next().expect("a scratch block per skipped slot"));
+        let results = {
+            let scratch_blocks: usize = runs.iter().map(|r| r.1).sum();
+            let mut scratch = (scratch_blocks > 0).then(|| AlignedBuf::new(scratch_blocks * bs));
+            let mut scratch = scratch.iter_mut().flat_map(|s| s.chunks_mut(bs));
+            let mut slices = carve(buf, bs, pieces.iter().map(|p| (p.0, p.1)));
+            let mut ranges: Vec<ReadRange<'_>> = Vec::with_capacity(runs.len());
+            for ps in &run_pieces {
+                let mut bufs: Vec<&mut [u8]> = Vec::with_capacity(2 * ps.len());
+                for p in ps.clone() {
+                    for _ in 0..pieces[p].3 {
+                        bufs.push(scratch.next().expect("a scratch block per skipped slot"));
+                    }
+                    bufs.push(slices[p].take().expect("each piece in one run"));
                 }
-                bufs.push(slices[p].take().expect("each piece in one run"));
+                ranges.push(ReadRange { offset: self.layout.log_offset(u64::from(pieces[ps.start].2)), bufs });
             }
-            ranges.push(ReadRange { offset: self.layout.log_offset(u64::from(hits[run.start].0)), bufs });
+            if ranges.len() > 1 {
+                self.lock().counters.batched_cache_reads += 1;
+            }
+            self.cache.read_batch(&mut ranges)
+        };
+        // A run read through skipped slots that failed: its pieces again, each on its own,
+        // before any block goes to the one-block slow path (a bad sector in a slot read only
+        // as scratch, a dead one, must not cost every read nearby a read per block).
+        let mut piece_ok: Vec<bool> = vec![true; pieces.len()];
+        let again: Vec<usize> = runs
+            .iter()
+            .zip(&run_pieces)
+            .zip(&results)
+            .filter(|((run, _), read)| read.is_err() && run.1 > 0)
+            .flat_map(|((_, ps), _)| ps.clone())
+            .collect();
+        for ((_, ps), read) in runs.iter().zip(&run_pieces).zip(&results) {
+            if read.is_err() {
+                ps.clone().for_each(|p| piece_ok[p] = false);
+            }
         }
-        if ranges.len() > 1 {
-            self.lock().counters.batched_cache_reads += 1;
+        if !again.is_empty() {
+            let mut slices = carve(buf, bs, again.iter().map(|&p| (pieces[p].0, pieces[p].1)));
+            let mut ranges: Vec<ReadRange<'_>> = again
+                .iter()
+                .zip(slices.iter_mut())
+                .map(|(&p, slice)| ReadRange {
+                    offset: self.layout.log_offset(u64::from(pieces[p].2)),
+                    bufs: vec![slice.take().expect("each piece once")],
+                })
+                .collect();
+            for (&p, read) in again.iter().zip(self.cache.read_batch(&mut ranges)) {
+                piece_ok[p] = read.is_ok();
+            }
         }
-        let results = self.cache.read_batch(&mut ranges);
-        drop(ranges);
         let mut retry: Vec<usize> = Vec::new();
-        for ((run, _), read) in runs.iter().zip(results) {
-            for &(_, k) in &hits[run.clone()] {
-                let Source::Cache(e, _) = plan[k] else { unreachable!("hits are cache blocks") };
-                if read.is_err() || checksum(&buf[k * bs..(k + 1) * bs]) != e.crc {
-                    retry.push(k);
-                }
-            }
+        for (p, &(k, n, _, _)) in pieces.iter().enumerate() {
+            retry.extend(self.unverified(plan, buf, k..k + n, piece_ok[p]));
         }
         retry
+    }
+
+    /// The blocks of `blocks` (all cache hits of `plan`, read into `buf`) to read again: all
+    /// of them if their read failed, else those whose checksum does not match.
+    fn unverified<'a>(
+        &self,
+        plan: &'a [Source],
+        buf: &'a [u8],
+        blocks: std::ops::Range<usize>,
+        read_ok: bool,
+    ) -> impl Iterator<Item = usize> + 'a {
+        let bs = self.bs;
+        blocks.filter(move |&k| {
+            let Source::Cache(e, _) = plan[k] else { unreachable!("a piece holds cache hits only") };
+            !read_ok || checksum(&buf[k * bs..(k + 1) * bs]) != e.crc
+        })
     }
 
     /// Under the lock: admits the misses read (if `admit`, no write or loss cancelled the
@@ -367,6 +406,37 @@ impl Volume {
         buf.copy_from_slice(&whole[at..at + buf.len()]);
         Ok(())
     }
+}
+
+/// The request's cache hits when they are one piece: consecutive blocks of the request in
+/// consecutive log slots, (first block, blocks, first slot).
+fn one_piece(plan: &[Source]) -> Option<(usize, usize, u32)> {
+    let mut piece: Option<(usize, usize, u32)> = None;
+    for (k, src) in plan.iter().enumerate() {
+        let Source::Cache(e, _) = src else { continue };
+        piece = match piece {
+            None => Some((k, 1, e.slot)),
+            Some((k0, n, slot0)) if k == k0 + n && e.slot == slot0 + n as u32 => Some((k0, n + 1, slot0)),
+            Some(_) => return None,
+        };
+    }
+    piece
+}
+
+/// `buf` cut into the given disjoint (first block, blocks) pieces, in the order given.
+fn carve(buf: &mut [u8], bs: usize, pieces: impl Iterator<Item = (usize, usize)>) -> Vec<Option<&mut [u8]>> {
+    let pieces: Vec<(usize, usize)> = pieces.collect();
+    let mut order: Vec<usize> = (0..pieces.len()).collect();
+    order.sort_unstable_by_key(|&p| pieces[p].0);
+    let mut slices: Vec<Option<&mut [u8]>> = (0..pieces.len()).map(|_| None).collect();
+    let (mut rest, mut at) = (buf, 0);
+    for p in order {
+        let (k, n) = pieces[p];
+        take(&mut rest, (k - at) * bs);
+        slices[p] = Some(take(&mut rest, n * bs));
+        at = k + n;
+    }
+    slices
 }
 
 /// Splits the first `n` bytes off `rest` (the buffers of a batch read are disjoint parts of
