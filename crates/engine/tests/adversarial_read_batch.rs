@@ -362,46 +362,6 @@ fn a_corrupt_block_in_one_run_of_a_batch() {
     }
 }
 
-/// A cache whose reads fail where they touch byte `bad`, counting reads.
-struct BadSector {
-    inner: Arc<SimDevice>,
-    bad: AtomicU64,
-    reads: AtomicU64,
-}
-
-impl BlockDevice for BadSector {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.read_vectored_at(offset, &mut [buf])
-    }
-    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> tiercache_device::Result<()> {
-        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        let bad = self.bad.load(Ordering::SeqCst);
-        if offset <= bad && bad < offset + len {
-            return Err(DeviceError::Injected { device: "bad-sector".into(), op: "read" });
-        }
-        self.inner.read_vectored_at(offset, bufs)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        "bad-sector".into()
-    }
-}
-
 /// Suspicion: runs now read through up to 8 slots of *other* data (foreign or dead blocks),
 /// so a latent bad sector in a dead slot that nothing references any more fails the whole run
 /// on every read, and each of its blocks is read again on its own: a silent per-block slow
@@ -410,7 +370,7 @@ impl BlockDevice for BadSector {
 #[test]
 fn a_bad_sector_in_a_dead_slot_between_two_stretches_costs_every_read_a_per_block_retry() {
     let (inner, backing) = devices_seg(64, 64, 4096, CreateOptions::default());
-    let cache = Arc::new(BadSector { inner: inner.clone(), bad: AtomicU64::new(u64::MAX), reads: AtomicU64::new(0) });
+    let cache = BadSector::new(inner.clone());
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();
     let v = Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).unwrap().0;
@@ -444,22 +404,6 @@ fn a_bad_sector_in_a_dead_slot_between_two_stretches_costs_every_read_a_per_bloc
 
 // ------------------------------------------------------------------------------------------
 // What the syscall-counting tests can see.
-
-fn syscr() -> u64 {
-    let s = std::fs::read_to_string("/proc/thread-self/io").expect("task io accounting");
-    s.lines().find_map(|l| l.strip_prefix("syscr: ")).expect("syscr").trim().parse().unwrap()
-}
-
-/// Device reads `f` issued on this thread: read syscalls plus reads through its io_uring.
-fn reads_by(f: impl FnOnce()) -> u64 {
-    let a = syscr();
-    let b = syscr();
-    let overhead = b - a;
-    let ring = tiercache_device::ring_reads_on_this_thread();
-    f();
-    let c = syscr();
-    c - b - overhead + tiercache_device::ring_reads_on_this_thread() - ring
-}
 
 /// Suspicion: the I/O-count tests of adversarial_scatter_read.rs count read syscalls
 /// (/proc/thread-self/io syscr); reads issued through io_uring are not syscalls, so a read

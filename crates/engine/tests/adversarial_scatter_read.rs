@@ -3,7 +3,7 @@
 //! are taken from the reading thread's own `syscr` in /proc/thread-self/io (read, pread,
 //! preadv each count one), so other test threads do not disturb them.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use tiercache_device::{AlignedBuf, BlockDevice, DeviceError, FileDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
@@ -14,25 +14,6 @@ use common::*;
 
 const LOG_BLOCKS: u64 = 8192;
 const BACKING_BLOCKS: u64 = 4096;
-
-/// The read syscalls this thread has made so far.
-fn syscr() -> u64 {
-    let s = std::fs::read_to_string("/proc/thread-self/io").expect("task io accounting");
-    s.lines().find_map(|l| l.strip_prefix("syscr: ")).expect("syscr").trim().parse().unwrap()
-}
-
-/// Read syscalls `f` makes on this thread (the sampling's own reads subtracted).
-/// Device reads `f` issued on this thread: read syscalls plus reads through its io_uring
-/// (which are not syscalls).
-fn reads_by(f: impl FnOnce()) -> u64 {
-    let a = syscr();
-    let b = syscr();
-    let overhead = b - a;
-    let ring = tiercache_device::ring_reads_on_this_thread();
-    f();
-    let c = syscr();
-    c - b - overhead + tiercache_device::ring_reads_on_this_thread() - ring
-}
 
 /// A volume whose cache is an O_DIRECT `FileDevice` on a temporary file (None if the file
 /// system refuses O_DIRECT), over a simulated backing device stamped with version 0.
@@ -135,73 +116,13 @@ fn a_1mib_cached_read_into_an_aligned_buffer_is_one_read() {
     assert_eq!(reads, 1);
 }
 
-/// A simulated cache whose reads fail if they touch byte `bad` (a bad sector), and which
-/// records the largest scatter list it was given and counts reads and the blocks they cover.
-struct BadSector {
-    inner: Arc<SimDevice>,
-    bad: AtomicU64,
-    max_bufs: AtomicU64,
-    reads: AtomicU64,
-    blocks: AtomicU64,
-}
-
-impl BlockDevice for BadSector {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.blocks.fetch_add(buf.len() as u64 / BS as u64, Ordering::SeqCst);
-        let bad = self.bad.load(Ordering::SeqCst);
-        if offset <= bad && bad < offset + buf.len() as u64 {
-            return Err(DeviceError::Injected { device: "bad-sector".into(), op: "read" });
-        }
-        self.inner.read_at(offset, buf)
-    }
-    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> tiercache_device::Result<()> {
-        self.max_bufs.fetch_max(bufs.len() as u64, Ordering::SeqCst);
-        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
-        self.reads.fetch_add(1, Ordering::SeqCst);
-        self.blocks.fetch_add(len / BS as u64, Ordering::SeqCst);
-        let bad = self.bad.load(Ordering::SeqCst);
-        if offset <= bad && bad < offset + len {
-            return Err(DeviceError::Injected { device: "bad-sector".into(), op: "read" });
-        }
-        self.inner.read_vectored_at(offset, bufs)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn write_fua_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_fua_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        "bad-sector".into()
-    }
-}
-
 fn sim_volume() -> (Arc<BadSector>, Volume) {
     let ck = Layout::checkpoint_blocks_for(LOG_BLOCKS, BS as u32);
     let inner = Arc::new(SimDevice::new((2 + 2 * ck + LOG_BLOCKS) * BS as u64, BS as u32));
     let backing = Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32));
     let opts = CreateOptions { segment_blocks: 64, ..CreateOptions::default() };
     create(&*inner, &*backing, &opts).expect("create");
-    let cache = Arc::new(BadSector {
-        inner,
-        bad: AtomicU64::new(u64::MAX),
-        max_bufs: AtomicU64::new(0),
-        reads: AtomicU64::new(0),
-        blocks: AtomicU64::new(0),
-    });
+    let cache = BadSector::new(inner);
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing;
     let v = Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0;

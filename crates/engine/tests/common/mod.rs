@@ -5,9 +5,10 @@
 // (Each test file is its own crate and uses a different subset of these.)
 #![allow(dead_code)]
 
+use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-use tiercache_device::{BlockDevice, MonotonicClock, SimClock, SimDevice, SimLatency, SimStats};
+use tiercache_device::{BlockDevice, DeviceError, MonotonicClock, SimClock, SimDevice, SimLatency, SimStats};
 use tiercache_engine::{create, CreateOptions, EngineError, OpenReport, Volume, VolumeOptions};
 use tiercache_format::constants::{CHECKPOINT_ENTRY_SIZE, RECORD_ENTRY_SIZE, RECORD_HEADER_SIZE};
 use tiercache_format::{checksum, uuid_low64, CheckpointEntry, CheckpointHeader, Layout, RecordHeader};
@@ -536,4 +537,95 @@ pub fn rewrite_newest_checkpoint(
         cache.write_at(start + BS as u64, &bytes).unwrap();
     }
     cache.flush().unwrap();
+}
+
+// ------------------------------------------------------------------------------------------
+// A cache device with a bad sector.
+
+/// A simulated cache whose reads fail if they touch byte `bad` (a bad sector), and which
+/// records the largest scatter list it was given and counts reads and the blocks they cover.
+pub struct BadSector {
+    pub inner: Arc<SimDevice>,
+    /// The bad byte (`u64::MAX`: none).
+    pub bad: AtomicU64,
+    pub max_bufs: AtomicU64,
+    pub reads: AtomicU64,
+    pub blocks: AtomicU64,
+}
+
+impl BadSector {
+    pub fn new(inner: Arc<SimDevice>) -> Arc<BadSector> {
+        Arc::new(BadSector {
+            inner,
+            bad: AtomicU64::new(u64::MAX),
+            max_bufs: AtomicU64::new(0),
+            reads: AtomicU64::new(0),
+            blocks: AtomicU64::new(0),
+        })
+    }
+}
+
+impl BlockDevice for BadSector {
+    fn size_bytes(&self) -> u64 {
+        self.inner.size_bytes()
+    }
+    fn logical_block_size(&self) -> u32 {
+        self.inner.logical_block_size()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
+        self.reads.fetch_add(1, AtomicOrdering::SeqCst);
+        self.blocks.fetch_add(buf.len() as u64 / BS as u64, AtomicOrdering::SeqCst);
+        let bad = self.bad.load(AtomicOrdering::SeqCst);
+        if offset <= bad && bad < offset + buf.len() as u64 {
+            return Err(DeviceError::Injected { device: "bad-sector".into(), op: "read" });
+        }
+        self.inner.read_at(offset, buf)
+    }
+    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> tiercache_device::Result<()> {
+        self.max_bufs.fetch_max(bufs.len() as u64, AtomicOrdering::SeqCst);
+        let len: u64 = bufs.iter().map(|b| b.len() as u64).sum();
+        self.reads.fetch_add(1, AtomicOrdering::SeqCst);
+        self.blocks.fetch_add(len / BS as u64, AtomicOrdering::SeqCst);
+        let bad = self.bad.load(AtomicOrdering::SeqCst);
+        if offset <= bad && bad < offset + len {
+            return Err(DeviceError::Injected { device: "bad-sector".into(), op: "read" });
+        }
+        self.inner.read_vectored_at(offset, bufs)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+    fn write_fua_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
+        self.inner.write_fua_at(offset, buf)
+    }
+    fn flush(&self) -> tiercache_device::Result<()> {
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
+        self.inner.discard(offset, len)
+    }
+    fn describe(&self) -> String {
+        "bad-sector".into()
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Counting a read's device I/Os on a file cache.
+
+/// The read syscalls this thread has made so far.
+pub fn syscr() -> u64 {
+    let s = std::fs::read_to_string("/proc/thread-self/io").expect("task io accounting");
+    s.lines().find_map(|l| l.strip_prefix("syscr: ")).expect("syscr").trim().parse().unwrap()
+}
+
+/// Device reads `f` issued on this thread: read syscalls (the sampling's own subtracted) plus
+/// reads through its io_uring (which are not syscalls).
+pub fn reads_by(f: impl FnOnce()) -> u64 {
+    let a = syscr();
+    let b = syscr();
+    let overhead = b - a;
+    let ring = tiercache_device::ring_reads_on_this_thread();
+    f();
+    let c = syscr();
+    c - b - overhead + tiercache_device::ring_reads_on_this_thread() - ring
 }
