@@ -65,6 +65,13 @@ pub const MAX_READ_THROUGH_SLOTS: usize = 8;
 /// 2 MiB lets a database's read-ahead of an extent or two in, and keeps a scan out.
 pub const SEQUENTIAL_BYPASS_BYTES: u64 = 2 << 20;
 
+/// A sequential read stream's hits past this many bytes do not count as reads for the
+/// eviction policy (`plan_read`): a scan that reads the volume again (a second backup pass,
+/// a re-run report) marks nothing hot, so reclaim does not copy it forward at the expense of
+/// writers and of the blocks read at random. The same 2 MiB as the admission bypass, but not
+/// turned off with it (`--sequential-bypass 0` admits scans; it does not make them hot).
+pub const SEQUENTIAL_REREAD_BYTES: u64 = 2 << 20;
+
 /// Read requests larger than this bypass admission (sequential scans do not flush the cache).
 pub const ADMIT_MAX_REQUEST_BYTES: u64 = 256 * 1024;
 

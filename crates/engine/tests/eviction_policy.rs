@@ -13,7 +13,10 @@
 //!   once the head passed its old copy, FLUSH, power cut: the new data survives (the copy was
 //!   dropped from the record; replayed, it would have shadowed the written-around data);
 //! - `a_corrupt_kept_block_is_evicted_not_copied`: a kept block that fails its checksum when
-//!   reclaim reads it is evicted, and reads return the backing device's data.
+//!   reclaim reads it is evicted, and reads return the backing device's data;
+//! - `a_sequential_re_read_past_2_mib_marks_nothing_hot`: a scan read again counts as reads
+//!   only for its first 2 MiB (SEQUENTIAL_REREAD_BYTES), even with the admission bypass off;
+//!   random re-reads of the same blocks count.
 
 use std::sync::Arc;
 use tiercache_device::SimDevice;
@@ -179,4 +182,33 @@ fn a_corrupt_kept_block_is_evicted_not_copied() {
         assert!(slot_of(&v, b).is_some(), "block {b} was kept");
     }
     read_once(&v, 0..8); // (asserts version 0: the backing device's copy of block 3)
+}
+
+#[test]
+fn a_sequential_re_read_past_2_mib_marks_nothing_hot() {
+    let (_c, _b, v) = volume(); // (the admission bypass off: the scan is admitted)
+    let read = |first: u64, n: u64| {
+        let mut buf = vec![0u8; n as usize * BS];
+        v.read(first * BS as u64, &mut buf).unwrap();
+    };
+    for pass in 0..2 {
+        for k in 0..24 {
+            read(k * 32, 32); // 768 blocks (3 MiB) in 128 KiB requests
+        }
+        let hot = v.status().hot_blocks;
+        if pass == 0 {
+            assert_eq!(hot, 0, "a first read marks nothing hot");
+        } else {
+            // The second scan's first 2 MiB (512 blocks) count as re-reads; the rest do not.
+            assert_eq!(hot, 512, "hot blocks after the scan read again");
+        }
+    }
+    assert!((512..768).all(|b| freq(&v, b) == Some(0)), "the scan's hits past 2 MiB count no read");
+    // Random re-reads of the same blocks (single blocks apart, and short of the scan's last
+    // requests: a read within two requests of where a scan stands continues it) do count.
+    for b in [600u64, 520, 571, 544, 590, 623, 530, 612] {
+        read(b, 1);
+    }
+    assert_eq!(v.status().hot_blocks, 512 + 8);
+    assert_eq!(freq(&v, 600), Some(1));
 }

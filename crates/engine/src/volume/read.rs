@@ -60,6 +60,9 @@ impl Volume {
         let mut plan: Vec<Source> = Vec::with_capacity(nblocks);
         let mut st = self.lock();
         st.counters.read_requests += 1;
+        let streamed = st.streams.note(first, nblocks as u64) * bs as u64;
+        // (A long sequential stream's hits are not re-reads for the eviction policy.)
+        let counts_as_reads = streamed < SEQUENTIAL_REREAD_BYTES;
         for i in 0..nblocks {
             let block = first + i as u64;
             let out = &mut buf[i * bs..(i + 1) * bs];
@@ -80,7 +83,9 @@ impl Volume {
                 }
                 return Err(EngineError::LostBlock { block });
             } else if let Some(e) = st.index.get(block) {
-                st.index.touch(block);
+                if counts_as_reads {
+                    st.index.touch(block);
+                }
                 let position = self.position_of(&st, &e);
                 plan.push(Source::Cache(e, position));
                 st.counters.read_hit_blocks += 1;
@@ -90,7 +95,6 @@ impl Volume {
                 st.counters.read_miss_blocks += 1;
             }
         }
-        let streamed = st.streams.note(first, nblocks as u64) * bs as u64;
         let bypass = self.options.sequential_bypass_bytes;
         let admit = if buf.len() as u64 > self.options.admit_max_request_bytes {
             Admit::No(Bypass::Size)
