@@ -16,7 +16,9 @@
 //!   reclaim reads it is evicted, and reads return the backing device's data;
 //! - `a_sequential_re_read_past_2_mib_marks_nothing_hot`: a scan read again counts as reads
 //!   only for its first 2 MiB (SEQUENTIAL_REREAD_BYTES), even with the admission bypass off;
-//!   random re-reads of the same blocks count.
+//!   random re-reads of the same blocks count;
+//! - `a_short_scan_read_again_is_all_hot`: a scan under 2 MiB (a small table) read again
+//!   counts whole.
 
 use std::sync::Arc;
 use tiercache_device::SimDevice;
@@ -211,4 +213,20 @@ fn a_sequential_re_read_past_2_mib_marks_nothing_hot() {
     }
     assert_eq!(v.status().hot_blocks, 512 + 8);
     assert_eq!(freq(&v, 600), Some(1));
+}
+
+#[test]
+fn a_short_scan_read_again_is_all_hot() {
+    let (_c, _b, v) = volume();
+    let read = |first: u64, n: u64| {
+        let mut buf = vec![0u8; n as usize * BS];
+        v.read(first * BS as u64, &mut buf).unwrap();
+    };
+    // A 192-block table (768 KiB: under the 2 MiB a stream's hits count for) scanned twice.
+    for _ in 0..2 {
+        for k in 0..6 {
+            read(2000 + k * 32, 32);
+        }
+    }
+    assert_eq!(v.status().hot_blocks, 192, "every hit of the short scan counts");
 }
