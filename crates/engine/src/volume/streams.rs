@@ -32,7 +32,8 @@ pub(super) struct Streams {
 
 impl Streams {
     /// Notes a read of blocks `first..first + n`; returns how many blocks its stream had
-    /// read before it (0 when it starts a new one, and for an empty read, which is not noted).
+    /// advanced through before it (0 when it starts a new one, and for an empty read, which
+    /// is not noted). A stream advances by the blocks a read takes it past where it stood.
     pub(super) fn note(&mut self, first: u64, n: u64) -> u64 {
         if n == 0 {
             return 0;
@@ -44,8 +45,19 @@ impl Streams {
         // (The longest stream near, if several are: a re-read of a scan's tail continues it.)
         if let Some(s) = self.table.iter_mut().filter(near).max_by_key(|s| s.blocks) {
             let before = s.blocks;
+            // Progress through the volume only: the blocks past where the stream stood, or a
+            // whole read that fills in behind it (a neighbour that arrived swapped). A read of
+            // what the last request read again (a hot block or range read over and over, a
+            // block read in sectors, an unaligned read's edge block) adds nothing: counted, it
+            // made a hot block look like a long scan.
+            s.blocks += if first + n > s.next {
+                (first + n - s.next).min(n)
+            } else if first + s.last >= s.next {
+                0
+            } else {
+                n
+            };
             s.next = s.next.max(first + n);
-            s.blocks += n;
             s.last = n;
             s.used = now;
             return before;
