@@ -131,15 +131,15 @@ impl Volume {
         self.backing.read_batch(&mut ranges).into_iter().try_for_each(|r| r.map_err(EngineError::backing))
     }
 
-    /// Reads the cache hits: one I/O per run of the request's blocks in ascending log slots
-    /// with at most one slot between neighbours, whatever their order in the request
-    /// (concurrent writers interleave their requests in the log, so a large read's blocks lie
-    /// in a few stretches of slots, not always in its own order: each block's buffer goes
-    /// where its slot falls in the scatter read). A skipped slot (the next record's header
-    /// between two records' data) is read into a scratch block in the same scatter read, so a
-    /// run is one I/O however many records it spans. All runs are in flight together
-    /// (`BlockDevice::read_batch`), and each block is verified on its own. Returns the blocks
-    /// to read again (I/O error or checksum failure).
+    /// Reads the cache hits: one I/O per run of the request's blocks in ascending log slots,
+    /// whatever their order in the request (concurrent writers interleave their requests in
+    /// the log, so a large read's blocks lie in a few stretches of slots, not always in its
+    /// own order: each block's buffer goes where its slot falls in the scatter read). A run
+    /// reads through gaps of up to `MAX_GAP_SLOTS` slots, `MAX_SKIPPED_SLOTS` in all (record
+    /// headers, a few blocks of other requests) into scratch blocks, so it is one I/O however
+    /// many records it spans. All runs are in flight together (`BlockDevice::read_batch`),
+    /// and each block is verified on its own. Returns the blocks to read again (I/O error or
+    /// checksum failure).
     fn read_cache_runs(&self, plan: &[Source], buf: &mut [u8]) -> Vec<usize> {
         let bs = self.bs;
         if let Some((k, n, slot)) = one_piece(plan) {
