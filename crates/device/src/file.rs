@@ -16,7 +16,7 @@
 use crate::aligned::AlignedBuf;
 use crate::error::{DeviceError, Result};
 use crate::uring;
-use crate::{check_request, BlockDevice, ReadRange};
+use crate::{check_request, read_one_after_another, BlockDevice, ReadRange};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
@@ -261,6 +261,15 @@ impl FileDevice {
     }
 }
 
+/// Copies `from` (a bounce buffer) out into `bufs`, in order.
+fn scatter(from: &[u8], bufs: &mut [&mut [u8]]) {
+    let mut at = 0;
+    for buf in bufs.iter_mut() {
+        buf.copy_from_slice(&from[at..at + buf.len()]);
+        at += buf.len();
+    }
+}
+
 /// The most buffers one `preadv` takes here (Linux's `IOV_MAX` is 1024).
 const MAX_IOVECS: usize = 1024;
 
@@ -296,11 +305,7 @@ impl BlockDevice for FileDevice {
             // aligned): the whole range in one read into an aligned buffer, then copied out.
             let mut bounce = AlignedBuf::new(len as usize);
             self.pread_all(offset, &mut bounce)?;
-            let mut at = 0;
-            for buf in bufs.iter_mut() {
-                buf.copy_from_slice(&bounce[at..at + buf.len()]);
-                at += buf.len();
-            }
+            scatter(&bounce, bufs);
             return Ok(());
         }
         // At most `MAX_IOVECS` buffers per `preadv` (a 4 MiB read is 1,024 blocks and the
@@ -314,16 +319,13 @@ impl BlockDevice for FileDevice {
     }
 
     fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<Result<()>> {
-        let sequential = |this: &Self, ranges: &mut [ReadRange<'_>]| -> Vec<Result<()>> {
-            ranges.iter_mut().map(|r| this.read_vectored_at(r.offset, &mut r.bufs)).collect()
-        };
         let valid = ranges.iter().all(|r| {
             let len = r.bufs.iter().map(|b| b.len() as u64).sum::<u64>();
             len > 0 && r.bufs.len() <= MAX_IOVECS && check_request(self, r.offset, len).is_ok()
         });
         if ranges.len() < 2 || !valid {
             // (One range gains nothing from the ring; a bad one gets its precise error there.)
-            return sequential(self, ranges);
+            return read_one_after_another(self, ranges);
         }
         // A range with a misaligned buffer is read into an aligned bounce buffer (one per such
         // range), copied out afterwards.
@@ -354,7 +356,7 @@ impl BlockDevice for FileDevice {
         // SAFETY: every iovec points into a buffer exclusively borrowed by `ranges` or owned by
         // `bounces`, both alive and untouched until `readv_batch` returns.
         let Some(counts) = (unsafe { uring::readv_batch(self.file.as_raw_fd(), &reads) }) else {
-            return sequential(self, ranges);
+            return read_one_after_another(self, ranges);
         };
         drop(reads);
         ranges
@@ -366,11 +368,7 @@ impl BlockDevice for FileDevice {
                 match count {
                     Ok(n) if n == len => {
                         if let Some(b) = bounce {
-                            let mut at = 0;
-                            for buf in r.bufs.iter_mut() {
-                                buf.copy_from_slice(&b[at..at + buf.len()]);
-                                at += buf.len();
-                            }
+                            scatter(&b, &mut r.bufs);
                         }
                         Ok(())
                     }

@@ -43,6 +43,15 @@ pub struct ReadRange<'a> {
     pub bufs: Vec<&'a mut [u8]>,
 }
 
+/// Reads each range of a batch on its own, in order (`read_batch`'s fallback, and
+/// `FileDevice`'s where the ring gains nothing or is unavailable).
+pub(crate) fn read_one_after_another<D: BlockDevice + ?Sized>(
+    dev: &D,
+    ranges: &mut [ReadRange<'_>],
+) -> Vec<Result<()>> {
+    ranges.iter_mut().map(|r| dev.read_vectored_at(r.offset, &mut r.bufs)).collect()
+}
+
 /// The size of the sector a write can tear into on every device this crate models: the
 /// smallest unit a disk writes atomically.
 pub const SECTOR_SIZE: u32 = 512;
@@ -73,7 +82,7 @@ pub trait BlockDevice: Send + Sync {
     /// result, in order. The fallback reads one range after another; [`FileDevice`] issues
     /// them together through io_uring, [`EmulatedDevice`] books them as concurrent requests.
     fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<Result<()>> {
-        ranges.iter_mut().map(|r| self.read_vectored_at(r.offset, &mut r.bufs)).collect()
+        read_one_after_another(self, ranges)
     }
     /// Writes `buf` at `offset`. Visible to reads on completion; durable after the next flush.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
