@@ -55,9 +55,9 @@ pub struct ReplayArgs {
     /// best policy where `--anchors` lists them) into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// The eviction policy to replay with: reinsert (the default) or fifo (the policy
-    /// before, to measure against).
-    #[arg(long, default_value = "reinsert")]
+    /// The eviction policy to replay with: s3fifo (the default), reinsert or fifo (the
+    /// policies before, to measure against; `serve --eviction` explains each).
+    #[arg(long, default_value = "s3fifo")]
     eviction: tiercache_engine::Eviction,
     /// Admit sequential read streams past this size too (0: admit every stream; the default
     /// is the server's, 2M).
@@ -213,11 +213,17 @@ struct SizeResult {
     /// Clean blocks reclaim kept (copied forward, read again since cached), and evicted.
     reinserted_blocks: u64,
     evicted_blocks: u64,
+    /// Of the admitted, those that entered the probation ring; of those, the ones read again
+    /// there and moved into the log, and the ones the ring dropped unread.
+    probation_admitted_blocks: u64,
+    promoted_blocks: u64,
+    probation_evicted_blocks: u64,
     /// Ordinary records written (each costs a header block of the log besides its data;
     /// reclaim's records, one per reclaim, are not counted here).
     records_written: u64,
     /// Blocks cached, on average over the replay's second half (about 500 samples): what the
-    /// log's headers, reserve and reclaim windows leave for data.
+    /// log's headers, reserve and reclaim windows leave for data (the probation ring's
+    /// copies included).
     mean_cached_blocks: u64,
     microseconds_per_request: f64,
     /// libCacheSim's miss ratios for this trace and size (from `--anchors`), if listed.
@@ -277,7 +283,7 @@ fn replay_one(
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();
     let (volume, _) = Volume::open(c, b, Arc::new(clock.clone()), options)?;
-    let cache_blocks = volume.superblock().layout.log_blocks;
+    let cache_blocks = volume.superblock().layout.log_blocks + volume.superblock().layout.probation_blocks;
     let written_at_open = cache.bytes_written.load(Ordering::Relaxed);
     let (reads0, writes0) = (backing.reads.load(Ordering::Relaxed), backing.writes.load(Ordering::Relaxed));
     let mut buf = tiercache_device::AlignedBuf::new(BS as usize);
@@ -305,7 +311,7 @@ fn replay_one(
         }
         if i % sample_every == sample_every - 1 && i >= requests.len() / 2 {
             let st = volume.status();
-            cached_sum += st.cached_blocks;
+            cached_sum += st.cached_blocks + st.probation_blocks;
             samples += 1;
         }
     }
@@ -328,6 +334,9 @@ fn replay_one(
         bypassed_blocks: c.bypassed_blocks_sequential + c.bypassed_blocks_size,
         reinserted_blocks: c.reinserted_blocks,
         evicted_blocks: c.evicted_blocks,
+        probation_admitted_blocks: c.probation_admitted_blocks,
+        promoted_blocks: c.promoted_blocks,
+        probation_evicted_blocks: c.probation_evicted_blocks,
         records_written: c.records_written,
         mean_cached_blocks: cached_sum / samples.max(1),
         microseconds_per_request: elapsed.as_secs_f64() * 1e6 / requests.len() as f64,
@@ -527,13 +536,14 @@ mod tests {
     #[test]
     fn a_loop_that_fits_hits_and_one_that_does_not_misses() {
         // 200 distinct blocks read 20 times over in order: in a cache of 400 blocks only the
-        // first pass misses; in one of 50 (FIFO over a loop larger than the cache) every
-        // access misses.
+        // first two passes miss (the first enters the probation ring, 40 blocks: too small to
+        // keep the loop, so the second enters the log from the ghost queue); in one of 50
+        // (FIFO over a loop larger than the cache) every access misses.
         let requests: Vec<Request> =
             (0..20).flat_map(|_| (0..200u64).map(|b| Request { write: false, offset: b * BS, len: BS })).collect();
         let big = replay_one(&requests, 1 << 20, "big", 400, VolumeOptions::default()).unwrap();
         assert_eq!(big.read_block_accesses, 4000);
-        assert!(big.read_miss_ratio < 0.06, "{big:?}");
+        assert!(big.read_miss_ratio <= 0.1, "{big:?}");
         let small = replay_one(&requests, 1 << 20, "small", 50, VolumeOptions::default()).unwrap();
         assert!(small.read_miss_ratio > 0.9, "{small:?}");
     }

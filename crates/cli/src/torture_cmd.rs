@@ -157,6 +157,8 @@ struct ConcurrentSummary {
     reclaim_write_backs: u64,
     batched_cache_reads: u64,
     reinserted_blocks: u64,
+    probation_admitted_blocks: u64,
+    promoted_blocks: u64,
     written_around_blocks: u64,
     concurrent_write_arounds: u64,
     checkpoints: u64,
@@ -204,6 +206,8 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
         s.reclaim_write_backs += r.reclaim_write_backs;
         s.batched_cache_reads += r.batched_cache_reads;
         s.reinserted_blocks += r.reinserted_blocks;
+        s.probation_admitted_blocks += r.probation_admitted_blocks;
+        s.promoted_blocks += r.promoted_blocks;
         s.written_around_blocks += r.written_around_blocks;
         s.concurrent_write_arounds += r.concurrent_write_arounds;
         s.checkpoints += r.checkpoints;
@@ -220,8 +224,8 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
             s.seeds, s.first_seed, s.cycles, s.crashes_during_recovery, s.clean_shutdowns, s.operations, s.scheduling_steps
         );
         println!(
-            "engine: {} records, {} blocks written back, {} copied forward ({} reclaims copied dense dirty windows ({} judged over the lap), {} wrote them back), {} clean blocks reinserted, {} written around, {} checkpoints, {} log laps, {} reads of several runs in one batch; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
-            s.records_written, s.destaged_blocks, s.copied_forward_blocks, s.dense_copy_forwards, s.dense_copy_throughs, s.reclaim_write_backs, s.reinserted_blocks, s.written_around_blocks, s.checkpoints, s.log_laps, s.batched_cache_reads, s.corruptions, s.lost_block_errors
+            "engine: {} records, {} blocks written back, {} copied forward ({} reclaims copied dense dirty windows ({} judged over the lap), {} wrote them back), {} clean blocks reinserted, {} misses into the probation ring ({} read again there, into the log), {} written around, {} checkpoints, {} log laps, {} reads of several runs in one batch; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
+            s.records_written, s.destaged_blocks, s.copied_forward_blocks, s.dense_copy_forwards, s.dense_copy_throughs, s.reclaim_write_backs, s.reinserted_blocks, s.probation_admitted_blocks, s.promoted_blocks, s.written_around_blocks, s.checkpoints, s.log_laps, s.batched_cache_reads, s.corruptions, s.lost_block_errors
         );
         println!("{} seeds passed, {} failed", s.seeds - s.failed_seeds.len() as u64, s.failed_seeds.len());
         for v in &s.violations {

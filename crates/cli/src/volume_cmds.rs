@@ -41,6 +41,11 @@ pub struct CreateArgs {
     /// The destager starts writing back above this much dirty data (percent of the cache).
     #[arg(long, value_name = "PERCENT", default_value = "70", value_parser = parse_percent)]
     dirty_high: u16,
+    /// The share of the cache given to the read cache's probation ring, where a block read
+    /// once waits and only a block read again there moves on into the log (S3-FIFO's small
+    /// queue: one-time reads never push out the blocks read again). 0: none.
+    #[arg(long, value_name = "PERCENT", default_value = "10", value_parser = parse_percent)]
+    probation_percent: u16,
     /// Format the cache device even though it holds something (a file system, a partition
     /// table, a tiercache cache: all of it is lost), and accept a backing device that looks
     /// like a swapped argument (it holds a tiercache cache, or is no larger than the cache).
@@ -153,6 +158,7 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
             segment_blocks,
             dirty_low_permille: args.dirty_low,
             dirty_high_permille: args.dirty_high,
+            probation_permille: args.probation_percent,
             // Absolute, so that `status` from another directory names it (symbolic links such
             // as /dev/disk/by-id/... are kept: they are the stable names).
             backing_path: std::path::absolute(backing_spec.path())
@@ -323,10 +329,22 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
                 pct(s.dirty_blocks, s.log_bytes / u64::from(s.block_size)),
                 pct(s.hot_blocks, s.log_bytes / u64::from(s.block_size)),
                 match s.eviction {
-                    tiercache_engine::Eviction::Reinsert => "the reinsert policy keeps them",
-                    tiercache_engine::Eviction::Fifo => "the fifo policy does not keep them",
+                    tiercache_engine::Eviction::S3fifo | tiercache_engine::Eviction::Reinsert =>
+                        format!("the {} policy keeps them", if s.eviction == tiercache_engine::Eviction::S3fifo { "s3fifo" } else { "reinsert" }),
+                    tiercache_engine::Eviction::Fifo => "the fifo policy does not keep them".to_string(),
                 },
             ),
+        ),
+        (
+            "probation ring",
+            if s.probation_ring_blocks == 0 {
+                "none (misses enter the log)".to_string()
+            } else {
+                format!(
+                    "{} of {} blocks hold blocks read once lately ({} read again moved on into the log)",
+                    s.probation_blocks, s.probation_ring_blocks, s.counters.promoted_blocks
+                )
+            },
         ),
         (
             "dirty watermarks",

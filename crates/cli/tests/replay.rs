@@ -35,9 +35,12 @@ fn replay_reports_each_size_as_json_and_as_a_table() {
     assert_eq!(sizes.len(), 2);
     assert_eq!(sizes[0]["read_block_accesses"], 1000);
     assert_eq!(sizes[1]["write_block_accesses"], 20);
-    // The loop fits in the larger cache (only the first pass misses), not in the smaller.
+    // The loop fits in the larger cache, not in the smaller. In the larger, its first pass
+    // misses, and so do some blocks of its second: the first pass enters the probation ring (a
+    // tenth of the cache, 40 blocks: too small for the loop's 100), and each block the ring
+    // dropped enters the log at its next miss.
     let (small, big) = (sizes[0]["read_miss_ratio"].as_f64().unwrap(), sizes[1]["read_miss_ratio"].as_f64().unwrap());
-    assert!(big <= 0.11 && small > big, "miss ratios {small} and {big}");
+    assert!(big <= 0.2 && small > big, "miss ratios {small} and {big}");
     let svg = dir.path().join("mrc.svg");
     let out = tiercache(&[
         "replay",

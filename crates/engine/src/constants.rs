@@ -72,6 +72,21 @@ pub const SEQUENTIAL_BYPASS_BYTES: u64 = 2 << 20;
 /// turned off with it (`--sequential-bypass 0` admits scans; it does not make them hot).
 pub const SEQUENTIAL_REREAD_BYTES: u64 = 2 << 20;
 
+/// The share of the log `create` gives to the read cache's probation ring (per mille): S3-FIFO's
+/// small queue, where a block read once waits and only one read again moves into the log
+/// (`volume/probation.rs`). S3-FIFO's authors use 10 %; on the shared traces 5 % and 20 % did
+/// no better (bench/policy-model.py).
+pub const DEFAULT_PROBATION_PERMILLE: u16 = 100;
+
+/// Reads of a block in the probation ring (the first one included) that move it into the log.
+/// Two: one read again within the ring's short lap is the sign of reuse (S3-FIFO moves on a
+/// frequency of two); one would let every block read twice in a row displace the log.
+pub const PROBATION_PROMOTE_READS: u8 = 2;
+
+/// Blocks the probation ring's admissions gather in RAM before one write (they are served
+/// from there meanwhile).
+pub const PROBATION_BATCH_BLOCKS: usize = 64;
+
 /// Read requests larger than this bypass admission (sequential scans do not flush the cache).
 pub const ADMIT_MAX_REQUEST_BYTES: u64 = 256 * 1024;
 

@@ -65,6 +65,12 @@ pub struct Status {
     /// The read cache's eviction policy this run.
     #[serde(default)]
     pub eviction: Eviction,
+    /// Slots of the probation ring in use this run (0: none: formatted without one, or a
+    /// policy other than s3fifo), and the copies it holds (blocks read once lately).
+    #[serde(default)]
+    pub probation_ring_blocks: u64,
+    #[serde(default)]
+    pub probation_blocks: u64,
     /// Written but not yet in a log record (lost by a crash unless flushed).
     pub staged_blocks: u64,
     pub dirty_low_permille: u16,

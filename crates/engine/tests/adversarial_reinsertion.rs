@@ -989,6 +989,7 @@ fn the_largest_layout_the_previous_build_formatted_still_validates() {
         checkpoint_area_start: [2, 2 + ck],
         log_start: 2 + 2 * ck,
         log_blocks,
+        probation_blocks: 0,
     };
     let got = layout.validate();
     assert!(got.is_ok(), "a superblock the previous build wrote is refused: {got:?}");

@@ -18,6 +18,11 @@ pub struct Layout {
     pub log_start: u64,
     /// A multiple of `segment_blocks`.
     pub log_blocks: u64,
+    /// The read cache's probation ring, right after the log: blocks read once wait here, and
+    /// only those read again move into the log (docs/format.md 3). Zero: no ring (caches
+    /// formatted before it existed, or `create --probation-percent 0`). Nothing in it is
+    /// ever recovered: it holds clean copies only, forgotten at every open.
+    pub probation_blocks: u64,
 }
 
 impl Layout {
@@ -85,9 +90,29 @@ impl Layout {
             checkpoint_area_start: [ck0, ck1],
             log_start,
             log_blocks,
+            probation_blocks: 0,
         };
         layout.validate()?;
         Ok(layout)
+    }
+
+    /// This layout with `permille` of its log given to the probation ring (whole segments;
+    /// none where that would leave the log fewer than `MIN_LOG_SEGMENTS` segments or the ring
+    /// fewer than two). The checkpoint areas keep their size.
+    pub fn with_probation(mut self, permille: u16) -> Layout {
+        let seg = u64::from(self.segment_blocks);
+        let ring = self.log_blocks * u64::from(permille.min(500)) / 1000 / seg * seg;
+        if ring >= 2 * seg && self.log_blocks - ring >= MIN_LOG_SEGMENTS * seg {
+            self.log_blocks -= ring;
+            self.probation_blocks = ring;
+        }
+        debug_assert!(self.validate().is_ok());
+        self
+    }
+
+    /// The cache block (device address / block size) of probation ring position `pos`.
+    pub fn probation_block(&self, pos: u64) -> u64 {
+        self.log_start + self.log_blocks + pos % self.probation_blocks
     }
 
     /// Checks the relations between the fields (used on every superblock read).
@@ -117,9 +142,15 @@ impl Layout {
         {
             return invalid("areas", format!("{self:?} overlap or leave gaps"));
         }
-        match self.log_start.checked_add(self.log_blocks) {
+        if self.probation_blocks > MAX_LOG_BLOCKS {
+            return invalid("probation_blocks", format!("{}", self.probation_blocks));
+        }
+        match self.log_start.checked_add(self.log_blocks).and_then(|e| e.checked_add(self.probation_blocks)) {
             Some(end) if end <= self.total_blocks => Ok(()),
-            _ => invalid("log_blocks", format!("log end beyond the device's {} blocks", self.total_blocks)),
+            _ => invalid(
+                "log_blocks",
+                format!("log and probation ring end beyond the device's {} blocks", self.total_blocks),
+            ),
         }
     }
 

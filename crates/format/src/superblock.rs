@@ -78,8 +78,11 @@ pub struct SuperblockDisk {
     /// serial, from sysfs; `-partN` appended for a partition), NUL-padded (the first 63 bytes); empty for files and devices that report none. A
     /// device reporting another identity is refused.
     pub backing_id: [u8; 64],
+    /// `Layout::probation_blocks` (the ring follows the log). Zero in caches formatted before
+    /// it existed: builds before it refuse a cache that has one ("reserved: non-zero").
+    pub probation_blocks: U64,
     /// Zero; room for future fields.
-    pub reserved: [u8; 152],
+    pub reserved: [u8; 144],
 }
 
 /// Backing blocks fingerprinted in the superblock.
@@ -182,7 +185,8 @@ impl Superblock {
             created_unix_secs: U64::new(self.created_unix_secs),
             backing_path: padded(&self.backing_path),
             backing_id: padded(&self.backing_id),
-            reserved: [0; 152],
+            probation_blocks: U64::new(l.probation_blocks),
+            reserved: [0; 144],
         };
         let bytes = &mut block[..SUPERBLOCK_SIZE];
         bytes.copy_from_slice(disk.as_bytes());
@@ -227,6 +231,7 @@ impl Superblock {
             checkpoint_area_start: [disk.checkpoint_area0_start.get(), disk.checkpoint_area1_start.get()],
             log_start: disk.log_start.get(),
             log_blocks: disk.log_blocks.get(),
+            probation_blocks: disk.probation_blocks.get(),
         };
         layout.validate()?;
         if disk.cache_size_bytes.get() < layout.total_blocks * u64::from(layout.block_size) {

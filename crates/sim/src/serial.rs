@@ -318,8 +318,11 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
         max_ops: config.max_ops_per_cycle.max(1),
         report: TortureReport { seed: config.seed, ..TortureReport::default() },
     };
+    // The probation ring in three quarters of the seeds (their own stream; see lib.rs).
+    let probation_permille = if ChaCha8Rng::seed_from_u64(config.seed ^ 0x960b_a710).gen_bool(0.75) { 250 } else { 0 };
     let opts = CreateOptions {
         segment_blocks,
+        probation_permille,
         uuid: Some(config.seed.to_le_bytes().repeat(2).try_into().unwrap()),
         ..CreateOptions::default()
     };

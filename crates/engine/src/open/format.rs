@@ -14,6 +14,9 @@ pub struct CreateOptions {
     pub segment_blocks: u32,
     pub dirty_low_permille: u16,
     pub dirty_high_permille: u16,
+    /// Per mille of the log given to the read cache's probation ring (`Layout::with_probation`;
+    /// 0: none, every admitted miss goes into the log as before).
+    pub probation_permille: u16,
     /// Recorded for information (`status` shows it).
     pub backing_path: String,
     /// Volume UUID; random when `None`.
@@ -29,6 +32,7 @@ impl Default for CreateOptions {
             segment_blocks: DEFAULT_SEGMENT_BLOCKS,
             dirty_low_permille: crate::constants::DEFAULT_DIRTY_LOW_PERMILLE,
             dirty_high_permille: crate::constants::DEFAULT_DIRTY_HIGH_PERMILLE,
+            probation_permille: crate::constants::DEFAULT_PROBATION_PERMILLE,
             backing_path: String::new(),
             uuid: None,
             created_unix_secs: 0,
@@ -54,8 +58,15 @@ fn check_options(cache: &dyn BlockDevice, backing: &dyn BlockDevice, options: &C
             options.dirty_low_permille, options.dirty_high_permille
         )));
     }
+    if options.probation_permille > 500 {
+        return Err(EngineError::Config(format!(
+            "the probation ring takes at most 500 per mille of the log (got {})",
+            options.probation_permille
+        )));
+    }
     let layout = Layout::compute(cache.size_bytes(), bs, options.segment_blocks)
-        .map_err(|source| EngineError::Format { device: cache.describe(), source })?;
+        .map_err(|source| EngineError::Format { device: cache.describe(), source })?
+        .with_probation(options.probation_permille);
     for (dev, role) in [(cache, "cache"), (backing, "backing")] {
         if !(bs as u64).is_multiple_of(u64::from(dev.logical_block_size())) {
             return Err(EngineError::Config(format!(

@@ -300,7 +300,9 @@ impl Volume {
         }
         match st.index.get(block) {
             Some(old) if dirty => old.freq,
-            _ if !dirty && st.ghosts.contains(block) => 1,
+            // (With the probation ring, a ghost's miss has already earned the log by skipping
+            // the ring: it enters at zero, as S3-FIFO's main queue takes it.)
+            _ if !dirty && !st.probation.enabled() && st.ghosts.contains(block) => 1,
             _ => 0,
         }
     }

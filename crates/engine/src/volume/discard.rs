@@ -39,6 +39,7 @@ impl Volume {
             st.staging.remove(b, self.bs);
             st.hot_on_install.remove(&b);
         }
+        st.probation.forget_range(first..end);
         Ok(())
     }
 }

@@ -79,6 +79,7 @@ mod lock_order;
 mod log_io;
 mod lost;
 mod preload;
+mod probation;
 mod read;
 mod reclaim;
 mod staging;
@@ -166,9 +167,15 @@ impl Default for VolumeOptions {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Eviction {
-    /// FIFO with reinsertion: reclaim keeps clean blocks read since cached, a miss of a
-    /// block evicted lately enters with a read counted (the default).
+    /// S3-FIFO on the cache device (the default): a miss enters the probation ring
+    /// (`probation.rs`), moves into the log when read again there, and leaves into the ghost
+    /// queue otherwise; a miss of a ghost enters the log; the log keeps clean blocks read
+    /// since cached (reinsertion). On a cache formatted without a ring, `Reinsert`.
     #[default]
+    S3fifo,
+    /// FIFO with reinsertion over the log alone: reclaim keeps clean blocks read since
+    /// cached, a miss of a block evicted lately enters with a read counted (the default
+    /// before the probation ring).
     Reinsert,
     /// Plain FIFO over the log: reclaim evicts every clean block it passes (the policy
     /// before issue 10, kept to measure against).
@@ -179,9 +186,10 @@ impl std::str::FromStr for Eviction {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Eviction, String> {
         match s {
+            "s3fifo" => Ok(Eviction::S3fifo),
             "reinsert" => Ok(Eviction::Reinsert),
             "fifo" => Ok(Eviction::Fifo),
-            _ => Err(format!("unknown eviction policy {s:?}: reinsert (the default) or fifo")),
+            _ => Err(format!("unknown eviction policy {s:?}: s3fifo (the default), reinsert or fifo")),
         }
     }
 }
@@ -259,6 +267,19 @@ pub struct Counters {
     /// evicting them (the eviction policy's reinsertion).
     #[serde(default)]
     pub reinserted_blocks: u64,
+    /// Read misses admitted into the probation ring (also counted in `admitted_blocks`).
+    #[serde(default)]
+    pub probation_admitted_blocks: u64,
+    /// Blocks read again in the probation ring and staged into the log.
+    #[serde(default)]
+    pub promoted_blocks: u64,
+    /// Blocks the probation ring dropped unread (into the ghost queue).
+    #[serde(default)]
+    pub probation_evicted_blocks: u64,
+    /// Admissions into the probation ring left out because its batch was full while the last
+    /// one was still being written.
+    #[serde(default)]
+    pub probation_busy_blocks: u64,
     /// Blocks `preload` admitted, or found cached already and marked hot.
     #[serde(default)]
     pub preloaded_blocks: u64,
@@ -338,6 +359,8 @@ struct State {
     /// The blocks reclaim evicted lately (`ghost.rs`): the eviction policy's memory of the
     /// blocks it let go.
     ghosts: crate::ghost::Ghosts,
+    /// The read cache's probation ring (`probation.rs`).
+    probation: probation::Probation,
     /// Blocks a preload staged (or found staged): they enter the index hot
     /// (`freq_at_install`). Pruned at the end of each preload.
     hot_on_install: HashSet<u64>,
@@ -373,10 +396,13 @@ impl State {
         }
     }
 
+    /// The block's data changes (a write, a write-around, a loss): a read of it in flight
+    /// must not admit what it read, and the probation ring's copy is no longer current.
     fn cancel_fill(&mut self, block: u64) {
         if let Some(f) = self.fills.get_mut(&block) {
             f.1 = true;
         }
+        self.probation.forget(block);
     }
 
     /// One reader is done with its fill of `block`; returns whether the fill was cancelled.
@@ -568,6 +594,10 @@ impl Volume {
                 // per generation on the shared traces: bench/policy-model.py.)
                 ghosts: crate::ghost::Ghosts::new(layout.log_blocks as usize / 2),
                 hot_on_install: HashSet::new(),
+                probation: probation::Probation::new(
+                    if options.eviction == Eviction::S3fifo { layout.probation_blocks } else { 0 },
+                    bs,
+                ),
             }),
             dirty_low_blocks: layout.log_blocks * u64::from(watermarks.0) / 1000,
             dirty_high_blocks: layout.log_blocks * u64::from(watermarks.1) / 1000,

@@ -10,6 +10,9 @@ use super::*;
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Admit {
     Yes,
+    /// Into the log whatever the policy (preload: the blocks are hot by request, and a copy
+    /// in the probation ring would only be dropped at its next lap).
+    Log,
     No(Bypass),
 }
 
@@ -27,6 +30,9 @@ pub(super) enum Source {
     Copied,
     /// The index entry and its log position.
     Cache(IndexEntry, u64),
+    /// A copy in the probation ring (`probation.rs`), and whether this read counts as a read
+    /// of it for the eviction policy.
+    Probation(probation::Entry, bool),
     Backing,
 }
 
@@ -38,7 +44,9 @@ impl Volume {
         let (plan, admit) = self.plan_read(first, buf)?;
         let backing_result = self.read_backing_runs(first, &plan, buf);
         let mut retry = self.read_cache_runs(&plan, buf);
+        retry.extend(self.read_probation_copies(&plan, buf));
         self.admit_and_confirm(first, &plan, buf, admit, backing_result.is_ok(), &mut retry);
+        self.write_probation_if_full();
         backing_result?;
         let bs = self.bs;
         for i in retry {
@@ -88,6 +96,14 @@ impl Volume {
                 }
                 let position = self.position_of(&st, &e);
                 plan.push(Source::Cache(e, position));
+                st.counters.read_hit_blocks += 1;
+            } else if let Some(found) =
+                Some(st.probation.find(block, out)).filter(|f| !matches!(f, probation::Found::Absent))
+            {
+                plan.push(match found {
+                    probation::Found::Ring(e) => Source::Probation(e, counts_as_reads),
+                    _ => Source::Copied,
+                });
                 st.counters.read_hit_blocks += 1;
             } else {
                 st.fills.entry(block).or_insert((0, false)).0 += 1;
@@ -295,10 +311,21 @@ impl Volume {
                     if read_ok && !cancelled && !st.lost.contains_key(&block) && st.around.admissible(block) {
                         // (Counted by reason only where admission would have taken it.)
                         match admit {
-                            Admit::Yes => {
+                            // A block evicted lately enters the log; any other, the probation
+                            // ring, where it must be read again to earn the log.
+                            Admit::Yes if st.probation.enabled() && !st.ghosts.contains(block) => {
+                                if st.probation.gather(block, &buf[i * bs..(i + 1) * bs]) {
+                                    st.counters.admitted_blocks += 1;
+                                    st.counters.probation_admitted_blocks += 1;
+                                } else {
+                                    st.counters.probation_busy_blocks += 1;
+                                }
+                            }
+                            Admit::Yes | Admit::Log => {
                                 let data = &buf[i * bs..(i + 1) * bs];
                                 if st.staging.put(block, EntryKind::DataClean, data, checksum(data), now) {
                                     st.counters.admitted_blocks += 1;
+                                    st.probation.forget(block);
                                 }
                             }
                             Admit::No(Bypass::Size) => st.counters.bypassed_blocks_size += 1,
@@ -312,8 +339,91 @@ impl Volume {
                         retry.push(i); // moved or evicted while we read: read again
                     }
                 }
+                Source::Probation(e, counts) => {
+                    if retry.contains(&i) {
+                        continue;
+                    }
+                    match st.probation.confirm(block, e.position, *counts) {
+                        None => retry.push(i), // evicted or forgotten while we read: read again
+                        Some(true) => {
+                            // Read again in the ring: into the log, with the data just checked.
+                            let data = &buf[i * bs..(i + 1) * bs];
+                            if st.staging.put(block, EntryKind::DataClean, data, e.crc, now) {
+                                st.probation.forget(block);
+                                st.counters.promoted_blocks += 1;
+                            }
+                        }
+                        Some(false) => {}
+                    }
+                }
                 Source::Copied => {}
             }
+        }
+    }
+
+    /// Reads the hits in the probation ring, all in flight together; returns those to read
+    /// again (I/O error or checksum failure: the slot may have been reused meanwhile).
+    fn read_probation_copies(&self, plan: &[Source], buf: &mut [u8]) -> Vec<usize> {
+        let bs = self.bs;
+        let hits: Vec<(usize, u64, u32)> = plan
+            .iter()
+            .enumerate()
+            .filter_map(|(k, src)| match src {
+                Source::Probation(e, _) => Some((k, e.position, e.crc)),
+                _ => None,
+            })
+            .collect();
+        if hits.is_empty() {
+            return Vec::new();
+        }
+        let results = {
+            let mut slices = carve(buf, bs, hits.iter().map(|h| (h.0, 1)));
+            let mut ranges: Vec<ReadRange<'_>> = hits
+                .iter()
+                .zip(slices.iter_mut())
+                .map(|(h, slice)| ReadRange {
+                    offset: self.layout.probation_block(h.1) * bs as u64,
+                    bufs: vec![slice.take().expect("each hit once")],
+                })
+                .collect();
+            self.cache.read_batch(&mut ranges)
+        };
+        hits.iter()
+            .zip(results)
+            .filter(|((k, _, crc), read)| read.is_err() || checksum(&buf[k * bs..(k + 1) * bs]) != *crc)
+            .map(|((k, _, _), _)| *k)
+            .collect()
+    }
+
+    /// The reader whose admission filled the probation ring's batch writes it (no lock held
+    /// across the write; the batch is read from RAM meanwhile). A reader that finds a write
+    /// in progress leaves it to its writer, and further admissions wait out (`gather`).
+    fn write_probation_if_full(&self) {
+        loop {
+            let started = {
+                let mut st = self.lock();
+                if !st.probation.batch_full() {
+                    return;
+                }
+                let st = &mut *st;
+                st.probation.start_write(&mut st.ghosts, &mut st.counters.probation_evicted_blocks)
+            };
+            let Some((position, n, data)) = started else { return };
+            let bs = self.bs;
+            let ring = self.layout.probation_blocks;
+            let first = (ring - position % ring).min(n as u64) as usize;
+            let at = |pos: u64| self.layout.probation_block(pos) * bs as u64;
+            let mut written = self.cache.write_at(at(position), &data[..first * bs]);
+            if written.is_ok() && first < n {
+                written = self.cache.write_at(at(0), &data[first * bs..n * bs]);
+            }
+            if let Err(e) = &written {
+                tracing::warn!(error = %e, "writing the probation ring failed; its batch is dropped (clean copies)");
+            }
+            let mut st = self.lock();
+            st.probation.finish_write(written.is_ok());
+            #[cfg(any(debug_assertions, feature = "testing"))]
+            st.probation.check();
         }
     }
 

@@ -288,7 +288,7 @@ impl Volume {
 
     /// Whether the eviction policy keeps a clean block the head reaches.
     fn keeps(&self, p: &Picked) -> bool {
-        !p.entry.dirty && p.entry.freq > 0 && self.options.eviction == Eviction::Reinsert
+        !p.entry.dirty && p.entry.freq > 0 && self.options.eviction != Eviction::Fifo
     }
 
     /// Reads the live dirty blocks to copy forward, then the clean ones to reinsert, into the
@@ -352,7 +352,11 @@ impl Volume {
             if let Some(old) = st.index.remove_if_slot(p.block, p.entry.slot) {
                 assert!(!old.dirty, "block {} still dirty at reclaim", p.block);
                 st.counters.evicted_blocks += 1;
-                st.ghosts.insert(p.block);
+                // (With the probation ring, the ghost queue remembers what left the ring:
+                // S3-FIFO's; a block the log let go re-enters through the ring.)
+                if !st.probation.enabled() {
+                    st.ghosts.insert(p.block);
+                }
                 // (Replayed until this record is durable: see `Around`.)
                 st.around.dropped_without_record(p.block, p.position);
             }

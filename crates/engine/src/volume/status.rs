@@ -34,6 +34,8 @@ impl Volume {
             dirty_bytes: st.index.dirty_len() as u64 * bs,
             hot_blocks: st.index.hot_len() as u64,
             eviction: self.options.eviction,
+            probation_ring_blocks: st.probation.blocks,
+            probation_blocks: st.probation.len() as u64,
             staged_blocks: st.staging.data.len() as u64,
             dirty_low_permille: self.watermarks_permille.0,
             dirty_high_permille: self.watermarks_permille.1,
