@@ -8,7 +8,12 @@ room/16 blocks beyond its record: volume/reclaim.rs), a block read once is evict
 ghost queue (half a log of evictions per generation, two generations: ghost.rs), and a miss of
 a ghost enters with a count of one. Misses are admitted in records of min(168, C/8) blocks.
 
-    bench/policy-model.py TRACE.csv.gz [--anchors ../shared/traces/missratio-anchors.tsv]
+    bench/policy-model.py TRACE.csv.gz [--anchors ../shared/traces/missratio-anchors.tsv] [--ring]
+
+With --ring, the policy with the probation ring (the default since 2026-11-27,
+volume/probation.rs): a tenth of the cache is a ring that a miss enters unless it is a ghost,
+read in batches of 64; two reads there move a block into the log (count 0); the ring's
+drops, not the log's evictions, feed the ghost queue; a ghost's miss enters the log.
 
 Prints the model's miss ratio at 1/5/10/25 % of the trace's footprint beside libCacheSim's
 LRU, FIFO and best policy. It follows the engine's replay (`tiercache replay`) within about
@@ -92,10 +97,102 @@ def model(trace, cap):
     return misses / reads, copies / reads
 
 
+def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
+    """The probation ring in front of the log (see the module doc)."""
+    seg = segment_for(cap)
+    ring_cap = int(cap * ring_frac) // seg * seg
+    if ring_cap < 2 * seg or cap - ring_cap < 8 * seg:
+        ring_cap = 0
+    log_cap = (cap - ring_cap) // seg * seg
+    room, record = seg // 2, min(168, log_cap // 8)
+    min_progress = max(1, room // 16)
+    batch = min(batch, max(1, ring_cap // 4))
+    ring, ring_pos, hits = collections.deque(), {}, {}
+    log, count = collections.deque(), {}
+    ghosts, older = set(), set()
+    pending, pending_set = [], set()   # the ring's RAM batch
+    staged, staged_set = [], set()     # the log's staging
+    reads = misses = copies = 0
+    tick = 0
+
+    def ghost(b):
+        nonlocal ghosts, older
+        ghosts.add(b)
+        if len(ghosts) >= log_cap // 2:
+            older, ghosts = ghosts, set()
+
+    def reclaim():
+        nonlocal copies
+        window = [log[i] for i in range(min(seg, len(log)))]
+        kept = [i for i, b in enumerate(window) if count[b] > 0]
+        limit = room
+        if len(kept) > room and kept[room] - 1 - min_progress > 0:
+            window = window[:kept[room]]
+            limit = min(room, len(window) - 1 - min_progress)
+        for _ in window:
+            log.popleft()
+        keep = set(sorted((b for b in window if count[b] > 0), key=lambda b: -count[b])[:limit])
+        for b in window:
+            if b in keep:
+                count[b] -= 1
+                log.append(b)
+                copies += 1
+            else:
+                del count[b]
+
+    def stage(b):
+        staged.append(b)
+        staged_set.add(b)
+        if len(staged) >= record:
+            while log_cap - len(log) < len(staged):
+                reclaim()
+            for s_ in staged:
+                log.append(s_)
+                count[s_] = 0
+            staged.clear()
+            staged_set.clear()
+
+    for b in trace:
+        reads += 1
+        c = count.get(b)
+        if c is not None:
+            count[b] = min(3, c + 1)
+            continue
+        if b in staged_set or b in pending_set:
+            continue
+        if b in ring_pos:
+            hits[b] += 1
+            if hits[b] >= promote:
+                del ring_pos[b], hits[b]
+                copies += 1
+                stage(b)
+            continue
+        misses += 1
+        if ring_cap == 0 or b in ghosts or b in older:
+            stage(b)
+            continue
+        pending.append(b)
+        pending_set.add(b)
+        if len(pending) >= batch:
+            while len(ring) + len(pending) > ring_cap:
+                o, t = ring.popleft()
+                if ring_pos.get(o) == t:
+                    del ring_pos[o], hits[o]
+                    ghost(o)
+            for p in pending:
+                tick += 1
+                ring.append((p, tick))
+                ring_pos[p], hits[p] = tick, 0
+            pending.clear()
+            pending_set.clear()
+    return misses / reads, copies / reads
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('trace')
     ap.add_argument('--anchors')
+    ap.add_argument('--ring', action='store_true', help='the policy with the probation ring (the default since 2026-11-27)')
     a = ap.parse_args()
     trace = list(blocks(a.trace))
     name = a.trace.rsplit('/', 1)[-1].split('.')[0]
@@ -108,7 +205,7 @@ def main():
     sizes = sorted(anchors) or [footprint * p // 100 for p in (1, 5, 10, 25)]
     print(f'{name}: {len(trace)} block reads, footprint {footprint} blocks')
     for cap in sizes:
-        m, c = model(trace, cap)
+        m, c = (model_ring if a.ring else model)(trace, cap)
         an = anchors.get(cap, {})
         best = min(((v, k) for k, v in an.items() if k != 'Belady'), default=None)
         ref = f"  LRU {an['LRU']:.4f} FIFO {an['FIFO']:.4f} best {best[0]:.4f} ({best[1]})" if best else ''

@@ -209,7 +209,7 @@ fn a_backing_device_with_a_long_kernel_identity_can_be_reopened() {
     let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32));
     let image: Vec<u8> = (0..64).flat_map(|b| stamp(b, 0)).collect();
     let backing = Gate::with_identity(Arc::new(SimDevice::from_image(image, BS as u32)), id);
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).unwrap();
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..log_only() }).unwrap();
     let r = try_open(cache.clone(), backing.clone());
     assert!(r.is_ok(), "the same backing device was refused: {:?}", r.err().map(|e| e.to_string()));
 }
@@ -223,7 +223,7 @@ fn a_backing_device_with_another_identity_is_refused() {
     let inner = Arc::new(SimDevice::from_image((0..64).flat_map(|b| stamp(b, 0)).collect(), BS as u32));
     let a = Gate::with_identity(Arc::clone(&inner), "wwn-0x5000c500a1b2c3d4");
     let b = Gate::with_identity(Arc::clone(&inner), "wwn-0x5000c500ffffffff");
-    create(&*cache, &*a, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).unwrap();
+    create(&*cache, &*a, &CreateOptions { segment_blocks: 8, ..log_only() }).unwrap();
     assert!(matches!(try_open(cache.clone(), b), Err(EngineError::WrongBacking { .. })));
     try_open(cache.clone(), a).unwrap();
 }

@@ -628,7 +628,7 @@ fn tiny_stress_jitter(seed: u64, seg: u32, segments: u64, with_thread: bool, rea
         segments,
         seg,
         256,
-        CreateOptions { dirty_low_permille: 100, dirty_high_permille: 400, ..CreateOptions::default() },
+        CreateOptions { dirty_low_permille: 100, dirty_high_permille: 400, ..log_only() },
     );
     let volume = Arc::new(open(Jitter::new(cache.clone(), read_us, 0), Jitter::new(backing.clone(), 0, flush_us)));
     let background = with_thread.then(|| Background::start(&volume));

@@ -22,7 +22,7 @@ fn volume_with(options: VolumeOptions, atomic_backing: bool) -> Volume {
         b = b.with_atomic_write(BS as u32);
     }
     let backing = Arc::new(b);
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: 16, ..CreateOptions::default() }).expect("create");
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: 16, ..log_only() }).expect("create");
     let c: Arc<dyn BlockDevice> = cache;
     let bk: Arc<dyn BlockDevice> = backing;
     Volume::open(c, bk, Arc::new(MonotonicClock::new()), options).expect("open").0

@@ -108,7 +108,7 @@ fn media_volume(log_blocks: u64, seg: u32) -> (Arc<Media>, Arc<SimDevice>, Volum
     let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
     let inner = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
     let backing = Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_name("backing"));
-    create(&*inner, &*backing, &CreateOptions { segment_blocks: seg, ..CreateOptions::default() }).expect("create");
+    create(&*inner, &*backing, &CreateOptions { segment_blocks: seg, ..log_only() }).expect("create");
     let media =
         Arc::new(Media { inner, bad: Mutex::new(Vec::new()), reads: AtomicU64::new(0), max_bufs: AtomicU64::new(0) });
     let c: Arc<dyn BlockDevice> = media.clone();
@@ -437,7 +437,7 @@ fn a_stretch_of_more_than_1024_buffers_on_a_file_cache_writes_back_every_block()
         Err(e) => panic!("{e}"),
     };
     let backing = Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32));
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: 64, ..CreateOptions::default() }).expect("create");
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: 64, ..log_only() }).expect("create");
     let c: Arc<dyn BlockDevice> = cache;
     let b: Arc<dyn BlockDevice> = backing.clone();
     let v = Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0;

@@ -56,7 +56,7 @@ struct Rig {
 }
 
 fn plain_with(options: VolumeOptions) -> Rig {
-    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, Default::default());
+    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, log_only());
     let cdev = Dev::new(&cache);
     let bdev = Dev::new(&backing);
     let c: Arc<dyn BlockDevice> = cdev.clone();
@@ -549,7 +549,7 @@ fn fifo_keeps_nothing() {
 /// and hot data in it: nothing is lost or stale.
 #[test]
 fn switching_the_eviction_policy_across_restarts() {
-    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, Default::default());
+    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, log_only());
     let open_with = |eviction| {
         let c: Arc<dyn BlockDevice> = cache.clone();
         let b: Arc<dyn BlockDevice> = backing.clone();

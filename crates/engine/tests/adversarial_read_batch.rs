@@ -51,7 +51,7 @@ fn setup_with(file: bool, log_blocks: u64, seg: u32, backing_blocks: u64, option
             .with_name("backing")
             .with_atomic_write(BS as u32),
     );
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..CreateOptions::default() }).expect("create");
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..log_only() }).expect("create");
     let b: Arc<dyn BlockDevice> = backing.clone();
     let v = Volume::open(cache, b, Arc::new(MonotonicClock::new()), options).expect("open").0;
     Some(Setup { _dir: dir, _backing: backing, v })
@@ -332,7 +332,7 @@ fn readers_racing_writers_reclaim_writeback_and_trim_see_no_stale_or_foreign_blo
 #[test]
 fn a_corrupt_block_in_one_run_of_a_batch() {
     for dirty in [false, true] {
-        let (cache, backing) = devices_seg(64, 64, 4096, CreateOptions::default());
+        let (cache, backing) = devices_seg(64, 64, 4096, log_only());
         let c: Arc<dyn BlockDevice> = cache.clone();
         let b: Arc<dyn BlockDevice> = backing.clone();
         let v = Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).unwrap().0;
@@ -369,7 +369,7 @@ fn a_corrupt_block_in_one_run_of_a_batch() {
 /// than one slot split the run and the dead slot was never read.)
 #[test]
 fn a_bad_sector_in_a_dead_slot_between_two_stretches_costs_every_read_a_per_block_retry() {
-    let (inner, backing) = devices_seg(64, 64, 4096, CreateOptions::default());
+    let (inner, backing) = devices_seg(64, 64, 4096, log_only());
     let cache = BadSector::new(inner.clone());
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();
@@ -529,7 +529,7 @@ fn time_per_cached_hit() {
 
 #[test]
 fn two_blocks_naming_one_slot_do_not_panic_a_read() {
-    let (cache, backing) = devices_seg(64, 64, 4096, CreateOptions::default());
+    let (cache, backing) = devices_seg(64, 64, 4096, log_only());
     {
         let c: Arc<dyn BlockDevice> = cache.clone();
         let b: Arc<dyn BlockDevice> = backing.clone();

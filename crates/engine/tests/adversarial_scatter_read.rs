@@ -30,7 +30,7 @@ fn file_volume() -> Option<(tempfile::TempDir, Volume)> {
         Err(e) => panic!("{e}"),
     };
     let backing = Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32));
-    let opts = CreateOptions { segment_blocks: 64, ..CreateOptions::default() };
+    let opts = CreateOptions { segment_blocks: 64, ..log_only() };
     create(&*cache, &*backing, &opts).expect("create");
     let c: Arc<dyn BlockDevice> = cache;
     let b: Arc<dyn BlockDevice> = backing;
@@ -120,7 +120,7 @@ fn sim_volume() -> (Arc<BadSector>, Volume) {
     let ck = Layout::checkpoint_blocks_for(LOG_BLOCKS, BS as u32);
     let inner = Arc::new(SimDevice::new((2 + 2 * ck + LOG_BLOCKS) * BS as u64, BS as u32));
     let backing = Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32));
-    let opts = CreateOptions { segment_blocks: 64, ..CreateOptions::default() };
+    let opts = CreateOptions { segment_blocks: 64, ..log_only() };
     create(&*inner, &*backing, &opts).expect("create");
     let cache = BadSector::new(inner);
     let c: Arc<dyn BlockDevice> = cache.clone();

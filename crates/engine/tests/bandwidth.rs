@@ -45,7 +45,7 @@ fn volume_with(options: VolumeOptions) -> (Arc<SimDevice>, Arc<SimDevice>, Volum
     let ck = Layout::checkpoint_blocks_for(LOG_BLOCKS, BS as u32);
     let cache = Arc::new(SimDevice::new((2 + 2 * ck + LOG_BLOCKS) * BS as u64, BS as u32).with_name("cache"));
     let backing = Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_name("backing"));
-    let opts = CreateOptions { segment_blocks: SEGMENT as u32, ..CreateOptions::default() };
+    let opts = CreateOptions { segment_blocks: SEGMENT as u32, ..log_only() };
     create(&*cache, &*backing, &opts).expect("create");
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();

@@ -73,7 +73,8 @@ fn fresh() -> (Arc<SimDevice>, Arc<SimDevice>) {
         Arc::new(SimDevice::new((2 + 2 * Layout::checkpoint_blocks_for(log, BS as u32) + log) * BS as u64, BS as u32));
     let image: Vec<u8> = (0..BLOCKS).flat_map(|b| stamp(b, 0)).collect();
     let backing = Arc::new(SimDevice::from_image(image, BS as u32));
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..Default::default() }).unwrap();
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, probation_permille: 0, ..Default::default() })
+        .unwrap();
     (cache, backing)
 }
 
@@ -134,7 +135,7 @@ impl FileVolume {
         std::fs::write(&backing_path, (0..BLOCKS).flat_map(|b| stamp(b, 0)).collect::<Vec<u8>>()).unwrap();
         let fv = FileVolume { _dir: dir, cache_path, backing_path };
         let (c, b) = fv.devices();
-        create(&*c, &*b, &CreateOptions { segment_blocks: 8, ..Default::default() }).unwrap();
+        create(&*c, &*b, &CreateOptions { segment_blocks: 8, probation_permille: 0, ..Default::default() }).unwrap();
         fv
     }
 

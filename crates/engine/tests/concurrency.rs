@@ -56,7 +56,13 @@ fn run(seed: u64) {
     create(
         &*cache,
         &*backing,
-        &CreateOptions { segment_blocks: 8, dirty_low_permille: 100, dirty_high_permille: 300, ..Default::default() },
+        &CreateOptions {
+            segment_blocks: 8,
+            dirty_low_permille: 100,
+            dirty_high_permille: 300,
+            probation_permille: 0,
+            ..Default::default()
+        },
     )
     .unwrap();
     let (volume, _) =

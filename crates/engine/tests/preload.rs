@@ -63,7 +63,7 @@ fn blocks_cached_already_are_marked_hot_without_a_read() {
 
 #[test]
 fn a_write_during_the_preload_read_wins() {
-    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, Default::default());
+    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, log_only());
     let gate = Dev::new(&backing);
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = gate.clone();
@@ -87,7 +87,7 @@ fn a_write_during_the_preload_read_wins() {
 
 #[test]
 fn a_stopped_preload_leaves_no_fill_behind() {
-    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, Default::default());
+    let (cache, backing) = devices_seg(LOG_SEGMENTS, SEGMENT, BACKING_BLOCKS, log_only());
     let gate = Dev::new(&backing);
     let c: Arc<dyn BlockDevice> = cache.clone();
     let bk: Arc<dyn BlockDevice> = gate.clone();

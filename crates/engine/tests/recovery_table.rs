@@ -25,7 +25,7 @@ const BEFORE_CHECKPOINT: u64 = 239;
 
 /// A 128-block log over a 256-block backing device.
 fn small_devices() -> (Arc<SimDevice>, Arc<SimDevice>) {
-    let (cache, backing) = devices_seg(LOG_BLOCKS / 8, 8, BACKING_BLOCKS, CreateOptions::default());
+    let (cache, backing) = devices_seg(LOG_BLOCKS / 8, 8, BACKING_BLOCKS, log_only());
     assert_eq!(layout_of(&cache).0.log_blocks, LOG_BLOCKS);
     (cache, backing)
 }

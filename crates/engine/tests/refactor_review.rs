@@ -209,7 +209,7 @@ fn tiny_log_run(seed: u64, seg: u32, segments: u64, faults: bool) -> tiercache_e
     let mut total = tiercache_engine::Counters::default();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let nblocks: u64 = segments * u64::from(seg) * 2;
-    let (sim_cache, backing) = devices_seg(segments, seg, nblocks, CreateOptions::default());
+    let (sim_cache, backing) = devices_seg(segments, seg, nblocks, log_only());
     let model = Arc::new(Mutex::new(Model::new(nblocks as usize)));
     // Checkpoints mostly from reclaim (the head may not pass the checkpoint) with a large
     // interval; sometimes often.
@@ -540,7 +540,7 @@ fn recovery_from_the_older_checkpoint_with_the_head_past_it_opens_and_serves() {
     let mut reached = 0;
     for seed in 0..40u64 {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let (cache, backing) = devices_seg(8, 4, 64, CreateOptions::default());
+        let (cache, backing) = devices_seg(8, 4, 64, log_only());
         let volume = open_with(cache.clone(), backing.clone(), options(100_000));
         let log_blocks = volume.superblock().layout.log_blocks;
         let mut latest = vec![0u64; 64];
@@ -724,8 +724,7 @@ fn a_volume_stacked_on_another_volume_writes_back() {
         let ck = tiercache_format::Layout::checkpoint_blocks_for(log_blocks, BS as u32);
         Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32))
     };
-    tiercache_engine::create(&*cache_b, &*backing_b, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() })
-        .unwrap();
+    tiercache_engine::create(&*cache_b, &*backing_b, &CreateOptions { segment_blocks: 8, ..log_only() }).unwrap();
     let outer = open(cache_b, backing_b);
     for b in 0..16u64 {
         write(&outer, b, 1);
@@ -747,7 +746,7 @@ fn a_volume_stacked_on_another_volume_writes_back() {
 #[test]
 fn reclaims_write_back_path_with_checkpoints_inside_reclaim() {
     for segments in [8u64, 9, 16] {
-        let (cache, backing) = devices_seg(segments, 4, 256, CreateOptions::default());
+        let (cache, backing) = devices_seg(segments, 4, 256, log_only());
         let volume = open_with(cache.clone(), backing.clone(), options(100_000));
         let mut latest = vec![0u64; 256];
         let mut version = 0;

@@ -191,7 +191,7 @@ fn a_backing_device_with_other_first_blocks_is_refused() {
         *byte = x as u8;
     }
     let random = Arc::new(SimDevice::from_image(image, BS as u32).with_name("random"));
-    create(&*cache, &*blank, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).unwrap();
+    create(&*cache, &*blank, &CreateOptions { segment_blocks: 8, ..log_only() }).unwrap();
     let c: Arc<dyn BlockDevice> = cache.clone();
     match Volume::open(c.clone(), random, Arc::new(MonotonicClock::new()), VolumeOptions::default()) {
         Err(EngineError::WrongBacking { reason, .. }) => assert!(reason.contains("block 0"), "{reason}"),

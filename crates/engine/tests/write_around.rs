@@ -34,7 +34,7 @@ fn volume_with(atomic: u32, only_when_destage_bound: bool) -> (Arc<SimDevice>, A
     let backing = Arc::new(
         SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_name("backing").with_atomic_write(atomic),
     );
-    let opts = CreateOptions { segment_blocks: SEGMENT as u32, ..CreateOptions::default() };
+    let opts = CreateOptions { segment_blocks: SEGMENT as u32, ..log_only() };
     create(&*cache, &*backing, &opts).expect("create");
     let volume = reopen(&cache, &backing, only_when_destage_bound);
     (cache, backing, volume)

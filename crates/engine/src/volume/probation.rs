@@ -73,8 +73,15 @@ pub(super) struct Probation {
     pub map: HashMap<u64, Entry>,
     pub gathering: Batch,
     pub writing: Option<Writing>,
-    /// Blocks per batch: `PROBATION_BATCH_BLOCKS`, at most a quarter of the ring.
+    /// Blocks that make a batch due for writing: `PROBATION_BATCH_BLOCKS`, at most a quarter of
+    /// the ring.
     pub batch_blocks: usize,
+    /// Blocks a batch may hold: a batch's worth more than `batch_blocks` (the largest request
+    /// admitted, 256 KiB, whatever the batch held before it), at most half the ring (a write
+    /// never reaches the copies of the one before).
+    capacity: usize,
+    /// The last written batch's buffer, for the next batch (when its writer let go of it).
+    spare: Option<AlignedBuf>,
 }
 
 /// What the ring holds of a block.
@@ -89,15 +96,19 @@ pub(super) enum Found {
 impl Probation {
     pub(super) fn new(blocks: u64, bs: usize) -> Probation {
         let batch_blocks = PROBATION_BATCH_BLOCKS.min((blocks / 4) as usize).max(1);
+        let request = (ADMIT_MAX_REQUEST_BYTES / bs as u64) as usize;
+        let capacity = (batch_blocks + request).min((blocks / 2) as usize).max(batch_blocks);
         Probation {
             blocks,
             head: 0,
             tail: 0,
             slots: vec![u64::MAX; blocks as usize].into_boxed_slice(),
             map: HashMap::new(),
-            gathering: Batch::new(bs, batch_blocks),
+            gathering: Batch::new(bs, capacity),
             writing: None,
             batch_blocks,
+            capacity,
+            spare: None,
         }
     }
 
@@ -177,9 +188,9 @@ impl Probation {
     }
 
     /// Gathers an admission; false if the batch is full (a write of the last one is still in
-    /// progress).
+    /// progress, and other readers filled this one meanwhile).
     pub(super) fn gather(&mut self, block: u64, data: &[u8]) -> bool {
-        if self.gathering.blocks.len() >= self.batch_blocks || self.gathering.map.contains_key(&block) {
+        if self.gathering.blocks.len() >= self.capacity || self.gathering.map.contains_key(&block) {
             return false;
         }
         let bs = data.len();
@@ -218,9 +229,12 @@ impl Probation {
         }
         let position = self.tail;
         self.tail += n;
-        let bs = self.gathering.buf.len() / self.batch_blocks;
-        let spare = Batch::new(bs, self.batch_blocks);
-        let batch = std::mem::replace(&mut self.gathering, spare);
+        let bs = self.gathering.buf.len() / self.capacity;
+        let next = match self.spare.take() {
+            Some(buf) => Batch { buf, blocks: Vec::with_capacity(self.capacity), map: HashMap::new() },
+            None => Batch::new(bs, self.capacity),
+        };
+        let batch = std::mem::replace(&mut self.gathering, next);
         let buf = Arc::new(batch.buf);
         self.writing = Some(Writing { position, buf: Arc::clone(&buf), blocks: batch.blocks, map: batch.map });
         Some((position, n as usize, buf))
@@ -239,6 +253,7 @@ impl Probation {
                 installed += 1;
             }
         }
+        self.spare = Arc::try_unwrap(w.buf).ok();
         installed
     }
 

@@ -420,6 +420,7 @@ impl Volume {
             if let Err(e) = &written {
                 tracing::warn!(error = %e, "writing the probation ring failed; its batch is dropped (clean copies)");
             }
+            drop(data); // (its buffer is the next batch's: `finish_write`)
             let mut st = self.lock();
             st.probation.finish_write(written.is_ok());
             #[cfg(any(debug_assertions, feature = "testing"))]

@@ -129,7 +129,7 @@ pub fn wa_devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDev
     let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
     let cache = Arc::new(SimDevice::new((2 + 2 * ck + log_blocks) * BS as u64, BS as u32).with_name("cache"));
     let backing = Arc::new(atomic_backing(stamps(0, blocks, 0)));
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..CreateOptions::default() }).expect("create");
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: 8, ..log_only() }).expect("create");
     (cache, backing)
 }
 

@@ -26,6 +26,13 @@ pub fn stamps(first: u64, n: u64, version: u64) -> Vec<u8> {
     (first..first + n).flat_map(|b| stamp(b, version)).collect()
 }
 
+/// Create options for the log alone, with no probation ring: most tests here pin the log's own
+/// mechanics, with read misses admitted into it (`tests/probation.rs` and the simulators cover
+/// the ring, and the log behind it).
+pub fn log_only() -> CreateOptions {
+    CreateOptions { probation_permille: 0, ..CreateOptions::default() }
+}
+
 /// A cache of `log_segments` segments of `seg` blocks, and a backing device of `blocks`
 /// blocks stamped with version 0.
 pub fn devices_seg(log_segments: u64, seg: u32, blocks: u64, opts: CreateOptions) -> (Arc<SimDevice>, Arc<SimDevice>) {
@@ -65,7 +72,7 @@ pub fn devices_on_clock(
             .with_name("backing")
             .with_clock(clock.clone(), backing_latency),
     );
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..CreateOptions::default() }).expect("create");
+    create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..log_only() }).expect("create");
     (cache, backing)
 }
 
@@ -86,23 +93,23 @@ pub fn devices_from_images_on_clock(
     (cache, backing)
 }
 
-/// `devices_seg` with default options, and the volume on them opened with `options`.
+/// `devices_seg` for the log alone, and the volume on them opened with `options`.
 pub fn volume_seg(
     log_segments: u64,
     seg: u32,
     blocks: u64,
     options: VolumeOptions,
 ) -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
-    let (cache, backing) = devices_seg(log_segments, seg, blocks, CreateOptions::default());
+    let (cache, backing) = devices_seg(log_segments, seg, blocks, log_only());
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();
     let volume = Volume::open(c, b, Arc::new(MonotonicClock::new()), options).expect("open").0;
     (cache, backing, volume)
 }
 
-/// `devices_seg` with segments of 8 blocks and default options.
+/// `devices_seg` with segments of 8 blocks, for the log alone.
 pub fn devices(log_segments: u64, blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>) {
-    devices_seg(log_segments, 8, blocks, CreateOptions::default())
+    devices_seg(log_segments, 8, blocks, log_only())
 }
 
 pub fn try_open(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>) -> Result<Volume, EngineError> {
