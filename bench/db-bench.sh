@@ -4,8 +4,9 @@
 #   fast    the raw cache file alone                   tiercache serve --passthrough FILE
 #   slow    the emulated slow backing device alone     tiercache serve --passthrough emulated:PROFILE:FILE
 #   hybrid  the hybrid volume: cache = a file like fast, backing = the emulated slow device
-#   hybrid-fifo  the same, with the read cache's previous eviction policy (serve --eviction
-#           fifo), to measure the policy against (--targets hybrid,hybrid-fifo)
+#   hybrid-fifo  the same, with the read cache's first eviction policy (serve --eviction
+#           fifo: FIFO over the log), to measure the policy against (--targets hybrid,hybrid-fifo)
+#   hybrid-reinsert  the same, with the log alone (serve --eviction reinsert: no probation ring)
 #
 # Every volume reaches the database the same way: a FUSE file, `losetup --direct-io=on`,
 # ext4, mount; so the only difference between the rows is what is behind the FUSE file.
@@ -16,7 +17,7 @@
 # Usage: bench/db-bench.sh [--db mariadb|postgres|both] [--seconds 60] [--threads 8]
 #          [--tables 4] [--table-size 50000] [--pg-scale 10] [--slow emulated-profile]
 #          [--volume-size 4G] [--cache-size 1G] [--buffer-pool 64M] [--workdir DIR]
-#          [--targets fast,slow,hybrid[,hybrid-fifo]] [--record-trace DIR]
+#          [--targets fast,slow,hybrid[,hybrid-fifo,hybrid-reinsert]] [--record-trace DIR]
 # --record-trace DIR: the hybrid servers record every request into DIR/TARGET-DB-N.csv.gz
 # (`serve --record-trace`), for `tiercache replay`.
 # Needs root (loop devices, mounts). Installs mariadb-server, sysbench, postgresql, fuse3.
@@ -101,9 +102,10 @@ setup() {
         slow)
             truncate -s "$VOLUME_SIZE" "$d/dev.img"
             "$TC" serve --passthrough "emulated:$SLOW:$d/dev.img" --fuse "$d/fuse" 2>"$d/serve.log" & ;;
-        hybrid|hybrid-fifo)
-            local eviction=reinsert
+        hybrid|hybrid-fifo|hybrid-reinsert)
+            local eviction=s3fifo
             [ "$t" = hybrid-fifo ] && eviction=fifo
+            [ "$t" = hybrid-reinsert ] && eviction=reinsert
             truncate -s "$VOLUME_SIZE" "$d/backing.img"
             "$TC" create --cache "$d/cache.img" --cache-size "$CACHE_SIZE" --backing "emulated:$SLOW:$d/backing.img" >/dev/null
             local record=()

@@ -193,18 +193,20 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
             "block_size": l.block_size,
             "cache_size_bytes": sb.cache_size_bytes,
             "log_bytes": log_bytes,
+            "probation_ring_bytes": l.probation_blocks * u64::from(l.block_size),
             "backing_size_bytes": sb.backing_size_bytes,
             "index_ram_bytes": index_bytes,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "formatted {} as a write-back cache for {}: {} of cache blocks ({} blocks of {} bytes), index RAM about {}",
+            "formatted {} as a write-back cache for {}: {} of cache blocks ({} blocks of {} bytes) and a {} probation ring for blocks read once, index RAM about {}",
             path.display(),
             backing_spec.path().display(),
             HumanBytes(log_bytes),
             l.log_blocks,
             l.block_size,
+            HumanBytes(l.probation_blocks * u64::from(l.block_size)),
             HumanBytes(index_bytes)
         );
     }

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 use tiercache_device::{BlockDevice, SimDevice};
-use tiercache_engine::{Corruption, CreateOptions, EngineError, OpenReport, ReplayEnd, ReplayStop, Volume};
+use tiercache_engine::{Corruption, EngineError, OpenReport, ReplayEnd, ReplayStop, Volume};
 use tiercache_format::{checksum, CheckpointEntry, EntryKind, RecordEntry, RecordHeader};
 
 mod common;
