@@ -110,9 +110,10 @@ impl Layout {
         self
     }
 
-    /// The cache block (device address / block size) of probation ring position `pos`.
-    pub fn probation_block(&self, pos: u64) -> u64 {
-        self.log_start + self.log_blocks + pos % self.probation_blocks
+    /// The cache block (device address / block size) of probation ring position `pos`; None
+    /// for a layout without a ring.
+    pub fn probation_block(&self, pos: u64) -> Option<u64> {
+        (self.probation_blocks > 0).then(|| self.log_start + self.log_blocks + pos % self.probation_blocks)
     }
 
     /// Checks the relations between the fields (used on every superblock read).

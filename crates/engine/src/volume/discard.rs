@@ -40,6 +40,13 @@ impl Volume {
             st.hot_on_install.remove(&b);
         }
         st.probation.forget_range(first..end);
+        // A read of the range in flight must not admit what it read before the TRIM: after a
+        // TRIM the volume promises nothing of the old data, and the backing device may change
+        // under the range (a discard passed down, a restore) with no write through the cache.
+        let reading: Vec<u64> = st.fills.keys().copied().filter(|b| (first..end).contains(b)).collect();
+        for b in reading {
+            st.cancel_fill(b);
+        }
         Ok(())
     }
 }

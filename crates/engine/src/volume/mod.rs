@@ -338,7 +338,7 @@ struct State {
     spare_data: Vec<(u64, EntryKind, u32)>,
     spare_map: HashMap<u64, usize>,
     /// Read-miss fills in flight: block -> (readers, cancelled by a write or a loss).
-    /// (A TRIM does not cancel one: the fill holds the backing device's data.)
+    /// (A TRIM of the block cancels it too: `discard`.)
     fills: HashMap<u64, (u32, bool)>,
     /// Dirty blocks whose only copy failed its checksum: reads fail until a record holding
     /// newer data of the block is written (see `Lost`).

@@ -22,35 +22,45 @@
 //! under the state lock (`State::cancel_fill`, `discard`), in the same hold that stages the
 //! new data, also while the copy waits in a batch or is being written (it is then written
 //! but not installed); an admission enters only if its fill was not cancelled and no
-//! write-around is under way (`Around::admissible`), as into the log. Positions never
-//! repeat, so a reader confirms under the lock that the entry still names the position it
-//! read, and the data its checksum. Nothing here is recovered: an open starts with the ring
-//! empty (the log's recovery never looks at it), so a crash can bring back no stale copy.
+//! write-around is under way (`Around::admissible`), as into the log; a TRIM cancels the
+//! fills of its range too. A reader confirms under the lock that the entry still names the
+//! slot it read with the same CRC, and the data its checksum; a copy that fails its checksum
+//! or its read is forgotten. Nothing here is recovered: an open starts with the ring empty
+//! (the log's recovery never looks at it), so a crash can bring back no stale copy.
 
 use super::*;
-
-/// A copy in the ring.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Entry {
-    /// Its ring position (slot: `position % blocks`).
-    pub position: u64,
-    pub crc: u32,
-    /// Reads since it was admitted.
-    pub hits: u8,
-}
 
 /// Admissions gathered in RAM before one write, laid out in ring order.
 pub(super) struct Batch {
     pub buf: AlignedBuf,
-    /// (backing block, crc, still current): a forgotten block stays in place (its
-    /// slot is written anyway) and is not installed.
+    /// (backing block, crc, still current). A block forgotten while gathered leaves (the last
+    /// one takes its place: a database that reads a page and then rewrites it costs the ring
+    /// nothing); one forgotten while its batch is written stays, written but not installed.
     pub blocks: Vec<(u64, u32, bool)>,
     pub map: HashMap<u64, usize>,
+    bs: usize,
 }
 
 impl Batch {
     fn new(bs: usize, capacity: usize) -> Batch {
-        Batch { buf: AlignedBuf::new(bs * capacity), blocks: Vec::with_capacity(capacity), map: HashMap::new() }
+        Batch::on(AlignedBuf::new(bs * capacity), bs, capacity)
+    }
+
+    fn on(buf: AlignedBuf, bs: usize, capacity: usize) -> Batch {
+        Batch { buf, blocks: Vec::with_capacity(capacity), map: HashMap::new(), bs }
+    }
+
+    /// Takes `block` out, moving the last block into its place.
+    fn remove(&mut self, block: u64) {
+        let Some(i) = self.map.remove(&block) else { return };
+        let last = self.blocks.len() - 1;
+        if i != last {
+            let bs = self.bs;
+            self.buf.copy_within(last * bs..(last + 1) * bs, i * bs);
+            self.blocks[i] = self.blocks[last];
+            self.map.insert(self.blocks[i].0, i);
+        }
+        self.blocks.pop();
     }
 }
 
@@ -68,9 +78,10 @@ pub(super) struct Probation {
     /// Oldest position whose slot may still be named, and the next position to write.
     pub head: u64,
     pub tail: u64,
-    /// Per slot, the block written there last (`u64::MAX`: none): eviction's reverse map.
-    slots: Box<[u64]>,
-    pub map: HashMap<u64, Entry>,
+    /// The copies in the ring: block -> slot (`position % blocks`), CRC and reads since
+    /// admitted (the log's compact index, reused: about 12.7 bytes per ring slot, and its
+    /// reverse map of slots is eviction's).
+    index: Index,
     pub gathering: Batch,
     pub writing: Option<Writing>,
     /// Blocks that make a batch due for writing: `PROBATION_BATCH_BLOCKS`, at most a quarter of
@@ -88,8 +99,8 @@ pub(super) struct Probation {
 pub(super) enum Found {
     /// In a batch not yet written: copied out.
     Copied,
-    /// In the ring at this position.
-    Ring(Entry),
+    /// In the ring (its slot, CRC and reads so far).
+    Ring(IndexEntry),
     Absent,
 }
 
@@ -102,8 +113,7 @@ impl Probation {
             blocks,
             head: 0,
             tail: 0,
-            slots: vec![u64::MAX; blocks as usize].into_boxed_slice(),
-            map: HashMap::new(),
+            index: Index::with_capacity(blocks as usize),
             gathering: Batch::new(bs, capacity),
             writing: None,
             batch_blocks,
@@ -118,7 +128,7 @@ impl Probation {
 
     /// Live copies (in the ring and in RAM batches).
     pub(super) fn len(&self) -> usize {
-        self.map.len()
+        self.index.len()
             + self.gathering.map.len()
             + self.writing.as_ref().map_or(0, |w| w.blocks.iter().filter(|b| b.2).count())
     }
@@ -138,20 +148,29 @@ impl Probation {
                 return Found::Copied;
             }
         }
-        match self.map.get(&block) {
-            Some(&e) => Found::Ring(e),
+        match self.index.get(block) {
+            Some(e) => Found::Ring(e),
             None => Found::Absent,
         }
     }
 
-    /// A read of the copy at `position` checked good: counts it (when `counts`), and says
-    /// whether it is due for the log. None if the entry no longer names that position.
-    pub(super) fn confirm(&mut self, block: u64, position: u64, counts: bool) -> Option<bool> {
-        let e = self.map.get_mut(&block).filter(|e| e.position == position)?;
-        if counts {
-            e.hits = e.hits.saturating_add(1);
+    /// Whether `block`'s copy is still `e` (the same slot and CRC: a slot reused meanwhile
+    /// for another block, or for newer data, fails one or the other; reused for the same
+    /// data, it is as good).
+    pub(super) fn still(&self, block: u64, e: &IndexEntry) -> bool {
+        self.index.get(block).is_some_and(|c| c.slot == e.slot && c.crc == e.crc)
+    }
+
+    /// A read of the copy `e` checked good: counts it (when `counts`), and says whether it is
+    /// due for the log. None if the ring no longer holds that copy.
+    pub(super) fn confirm(&mut self, block: u64, e: &IndexEntry, counts: bool) -> Option<bool> {
+        if !self.still(block, e) {
+            return None;
         }
-        Some(e.hits >= PROBATION_PROMOTE_READS)
+        if counts {
+            self.index.touch(block);
+        }
+        Some(self.index.get(block).is_some_and(|c| c.freq >= PROBATION_PROMOTE_READS))
     }
 
     /// The block's data changed (or it left for the log): its copy here is no longer current.
@@ -159,10 +178,8 @@ impl Probation {
         if !self.enabled() {
             return;
         }
-        self.map.remove(&block);
-        if let Some(i) = self.gathering.map.remove(&block) {
-            self.gathering.blocks[i].2 = false;
-        }
+        self.index.remove(block);
+        self.gathering.remove(block);
         if let Some(w) = &mut self.writing {
             if let Some(i) = w.map.remove(&block) {
                 w.blocks[i].2 = false;
@@ -173,14 +190,9 @@ impl Probation {
     /// Forgets every copy of a block in `range` (TRIM).
     pub(super) fn forget_range(&mut self, range: std::ops::Range<u64>) {
         let held: Vec<u64> = if range.end - range.start > self.len() as u64 {
-            let writing = self.writing.iter().flat_map(|w| w.map.keys());
-            self.map
-                .keys()
-                .chain(self.gathering.map.keys())
-                .chain(writing)
-                .copied()
-                .filter(|b| range.contains(b))
-                .collect()
+            let writing = self.writing.iter().flat_map(|w| w.map.keys().copied());
+            let ring = self.index.iter().map(|(b, _)| b);
+            ring.chain(self.gathering.map.keys().copied()).chain(writing).filter(|b| range.contains(b)).collect()
         } else {
             range.collect()
         };
@@ -218,10 +230,8 @@ impl Probation {
         }
         let n = self.gathering.blocks.len() as u64;
         while self.tail + n > self.head + self.blocks {
-            let slot = (self.head % self.blocks) as usize;
-            let block = std::mem::replace(&mut self.slots[slot], u64::MAX);
-            if block != u64::MAX && self.map.get(&block).is_some_and(|e| e.position == self.head) {
-                self.map.remove(&block);
+            if let Some((block, _)) = self.index.owner(self.slot(self.head)) {
+                self.index.remove(block);
                 ghosts.insert(block);
                 *evicted += 1;
             }
@@ -229,9 +239,9 @@ impl Probation {
         }
         let position = self.tail;
         self.tail += n;
-        let bs = self.gathering.buf.len() / self.capacity;
+        let bs = self.gathering.bs;
         let next = match self.spare.take() {
-            Some(buf) => Batch { buf, blocks: Vec::with_capacity(self.capacity), map: HashMap::new() },
+            Some(buf) => Batch::on(buf, bs, self.capacity),
             None => Batch::new(bs, self.capacity),
         };
         let batch = std::mem::replace(&mut self.gathering, next);
@@ -240,25 +250,36 @@ impl Probation {
         Some((position, n as usize, buf))
     }
 
-    /// The batch's write returned: its copies still current enter the ring (none if it
-    /// failed: they are clean, nothing is lost). Returns how many entered.
-    pub(super) fn finish_write(&mut self, ok: bool) -> u64 {
+    /// The batch's write returned: its copies still current enter the ring. If it failed,
+    /// none does (they are clean: nothing is lost), and its blocks become ghosts, so that
+    /// their next miss enters the log: a ring that cannot be written does not stop read
+    /// caching. Returns how many entered.
+    pub(super) fn finish_write(&mut self, ok: bool, ghosts: &mut crate::ghost::Ghosts) -> u64 {
         let w = self.writing.take().expect("a batch being written");
         let mut installed = 0;
         for (i, &(block, crc, current)) in w.blocks.iter().enumerate() {
-            let position = w.position + i as u64;
-            if ok && current {
-                self.slots[(position % self.blocks) as usize] = block;
-                self.map.insert(block, Entry { position, crc, hits: 0 });
+            if !current {
+                continue;
+            }
+            if ok {
+                let slot = self.slot(w.position + i as u64);
+                self.index.insert(block, IndexEntry { slot, dirty: false, freq: 0, crc });
                 installed += 1;
+            } else {
+                ghosts.insert(block);
             }
         }
         self.spare = Arc::try_unwrap(w.buf).ok();
         installed
     }
 
-    /// The invariants (debug builds and the simulator): every entry names a live position
-    /// whose slot records its block.
+    /// The slot of ring position `position`.
+    fn slot(&self, position: u64) -> u32 {
+        u32::try_from(position % self.blocks).expect("a ring of at most MAX_LOG_BLOCKS slots")
+    }
+
+    /// The invariants (debug builds and the simulator): every copy is clean, in a slot of the
+    /// live part of the ring, `[head, tail)`.
     pub(super) fn check(&self) {
         if !self.enabled() {
             return;
@@ -269,15 +290,16 @@ impl Probation {
             self.head,
             self.tail
         );
-        for (&block, e) in &self.map {
+        for (block, e) in self.index.iter() {
+            let from_head = (u64::from(e.slot) + self.blocks - self.head % self.blocks) % self.blocks;
             assert!(
-                (self.head..self.tail).contains(&e.position),
-                "probation copy of {block} at {} outside {}..{}",
-                e.position,
+                from_head < self.tail - self.head,
+                "probation copy of {block} in slot {} outside {}..{}",
+                e.slot,
                 self.head,
                 self.tail
             );
-            assert_eq!(self.slots[(e.position % self.blocks) as usize], block, "probation slot of {block}");
+            assert!(!e.dirty, "a dirty copy of {block} in the probation ring");
         }
     }
 }

@@ -14,6 +14,9 @@ pub(super) enum Admit {
     /// in the probation ring would only be dropped at its next lap).
     Log,
     No(Bypass),
+    /// Not at all, and not counted: the read of a read-modify-write (`write_bytes`), whose
+    /// write replaces the block at once.
+    Never,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -32,16 +35,22 @@ pub(super) enum Source {
     Cache(IndexEntry, u64),
     /// A copy in the probation ring (`probation.rs`), and whether this read counts as a read
     /// of it for the eviction policy.
-    Probation(probation::Entry, bool),
+    Probation(IndexEntry, bool),
     Backing,
 }
 
 impl Volume {
     /// Reads whole blocks: the newest completed write of each.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.read_admitting(offset, buf, true)
+    }
+
+    /// `read`, admitting the misses as the policy says, or (`admits` false) not at all.
+    pub(super) fn read_admitting(&self, offset: u64, buf: &mut [u8], admits: bool) -> Result<()> {
         self.check_request(offset, buf.len() as u64)?;
         let first = offset / self.bs as u64;
         let (plan, admit) = self.plan_read(first, buf)?;
+        let admit = if admits { admit } else { Admit::Never };
         let backing_result = self.read_backing_runs(first, &plan, buf);
         let mut retry = self.read_cache_runs(&plan, buf);
         retry.extend(self.read_probation_copies(&plan, buf));
@@ -58,7 +67,7 @@ impl Volume {
 
     /// Plans a read under the lock: copies what is in RAM (staging, the record in flight),
     /// notes where the rest lives, and registers the misses as fills (a write of the block,
-    /// or its loss, meanwhile cancels its admission; a trim does not need to).
+    /// or its loss, or a TRIM, meanwhile cancels its admission).
     /// Also decides whether this read's misses are admitted: not if the read is larger than
     /// the admission limit, nor if it continues a sequential stream that had already read
     /// `sequential_bypass_bytes` (`streams.rs`); `admit_and_confirm` counts what is left out.
@@ -330,6 +339,7 @@ impl Volume {
                             }
                             Admit::No(Bypass::Size) => st.counters.bypassed_blocks_size += 1,
                             Admit::No(Bypass::Sequential) => st.counters.bypassed_blocks_sequential += 1,
+                            Admit::Never => {}
                         }
                     }
                 }
@@ -341,9 +351,16 @@ impl Volume {
                 }
                 Source::Probation(e, counts) => {
                     if retry.contains(&i) {
+                        // Its read failed or its checksum did not match: if the ring still
+                        // names that copy, the copy is bad. Forgotten, as the log forgets a
+                        // bad clean copy (else every read of it would read it again).
+                        if st.probation.still(block, e) {
+                            st.probation.forget(block);
+                            st.counters.repaired_blocks += 1;
+                        }
                         continue;
                     }
-                    match st.probation.confirm(block, e.position, *counts) {
+                    match st.probation.confirm(block, e, *counts) {
                         None => retry.push(i), // evicted or forgotten while we read: read again
                         Some(true) => {
                             // Read again in the ring: into the log, with the data just checked.
@@ -369,7 +386,7 @@ impl Volume {
             .iter()
             .enumerate()
             .filter_map(|(k, src)| match src {
-                Source::Probation(e, _) => Some((k, e.position, e.crc)),
+                Source::Probation(e, _) => Some((k, u64::from(e.slot), e.crc)),
                 _ => None,
             })
             .collect();
@@ -382,7 +399,7 @@ impl Volume {
                 .iter()
                 .zip(slices.iter_mut())
                 .map(|(h, slice)| ReadRange {
-                    offset: self.layout.probation_block(h.1) * bs as u64,
+                    offset: self.layout.probation_block(h.1).expect("a ring") * bs as u64,
                     bufs: vec![slice.take().expect("each hit once")],
                 })
                 .collect();
@@ -412,7 +429,7 @@ impl Volume {
             let bs = self.bs;
             let ring = self.layout.probation_blocks;
             let first = (ring - position % ring).min(n as u64) as usize;
-            let at = |pos: u64| self.layout.probation_block(pos) * bs as u64;
+            let at = |pos: u64| self.layout.probation_block(pos).expect("a ring") * bs as u64;
             let mut written = self.cache.write_at(at(position), &data[..first * bs]);
             if written.is_ok() && first < n {
                 written = self.cache.write_at(at(0), &data[first * bs..n * bs]);
@@ -422,7 +439,8 @@ impl Volume {
             }
             drop(data); // (its buffer is the next batch's: `finish_write`)
             let mut st = self.lock();
-            st.probation.finish_write(written.is_ok());
+            let st = &mut *st;
+            st.probation.finish_write(written.is_ok(), &mut st.ghosts);
             #[cfg(any(debug_assertions, feature = "testing"))]
             st.probation.check();
         }
