@@ -81,6 +81,10 @@ LOOP=""
 
 teardown() {
     set +e
+    # A run interrupted mid-benchmark leaves its database up on the mount: stop it by its own
+    # command first (else the unmount fails and the server keeps serving the mounted file).
+    [ -S "$WORKDIR/cur/mysql.sock" ] && mariadb-admin -S "$WORKDIR/cur/mysql.sock" -uroot shutdown
+    [ -f "$WORKDIR/cur/mnt/pg/postmaster.pid" ] && runuser -u postgres -- "$PGBIN/pg_ctl" -D "$WORKDIR/cur/mnt/pg" -w stop >/dev/null
     mountpoint -q "$WORKDIR/cur/mnt" && umount "$WORKDIR/cur/mnt"
     [ -n "$LOOP" ] && losetup -d "$LOOP" && LOOP=""
     if [ -n "$SERVER_PID" ]; then kill -TERM "$SERVER_PID"; wait "$SERVER_PID"; SERVER_PID=""; fi
