@@ -38,48 +38,76 @@ def segment_for(cap):
     return 1 << (s.bit_length() - 1)
 
 
-def model(trace, cap):
-    seg = segment_for(cap)
-    cap = cap // seg * seg
-    room, record = seg // 2, min(168, cap // 8)
-    min_progress = max(1, room // 16)
-    ring, count = collections.deque(), {}
-    ghosts, older = set(), set()
-    staged, staged_set = [], set()
-    reads = misses = copies = 0
+class Ghosts:
+    """The ghost queue: two generations of `cap` // 2 evicted blocks each (ghost.rs)."""
 
-    def evict(b):
-        nonlocal ghosts, older
-        del count[b]
-        ghosts.add(b)
-        if len(ghosts) >= cap // 2:
-            older, ghosts = ghosts, set()
+    def __init__(self, cap):
+        self.cap, self.current, self.older = cap, set(), set()
 
-    def reclaim():
-        nonlocal copies
-        window = [ring[i] for i in range(min(seg, len(ring)))]
+    def add(self, b):
+        self.current.add(b)
+        if len(self.current) >= self.cap // 2:
+            self.older, self.current = self.current, set()
+
+    def __contains__(self, b):
+        return b in self.current or b in self.older
+
+
+class Log:
+    """The log: `cap` slots filled at the tail, emptied at the head in windows of a segment,
+    where a block whose 2-bit count is not zero is copied forward with it one less (at most
+    half a segment per reclaim record; the window ends early rather than evict a kept block,
+    as long as it frees room/16 blocks beyond its record), and the rest are evicted
+    (`on_evict`). `count` is the index: block -> count."""
+
+    def __init__(self, cap, seg, on_evict):
+        self.cap, self.seg, self.on_evict = cap, seg, on_evict
+        self.room = seg // 2
+        self.min_progress = max(1, self.room // 16)
+        self.ring, self.count, self.copies = collections.deque(), {}, 0
+
+    def reclaim(self):
+        ring, count, room = self.ring, self.count, self.room
+        window = [ring[i] for i in range(min(self.seg, len(ring)))]
         kept = [i for i, b in enumerate(window) if count[b] > 0]
         limit = room
-        if len(kept) > room and kept[room] - 1 - min_progress > 0:
+        if len(kept) > room and kept[room] - 1 - self.min_progress > 0:
             window = window[:kept[room]]
-            limit = min(room, len(window) - 1 - min_progress)
+            limit = min(room, len(window) - 1 - self.min_progress)
         for _ in window:
             ring.popleft()
-        keep = sorted((b for b in window if count[b] > 0), key=lambda b: -count[b])[:limit]
-        keep = set(keep)
+        keep = set(sorted((b for b in window if count[b] > 0), key=lambda b: -count[b])[:limit])
         for b in window:
             if b in keep:
                 count[b] -= 1
                 ring.append(b)
-                copies += 1
+                self.copies += 1
             else:
-                evict(b)
+                del count[b]
+                self.on_evict(b)
 
+    def admit(self, blocks, count_of):
+        """A record of `blocks`, each entering with `count_of(block)`."""
+        while self.cap - len(self.ring) < len(blocks):
+            self.reclaim()
+        for b in blocks:
+            self.ring.append(b)
+            self.count[b] = count_of(b)
+
+
+def model(trace, cap):
+    seg = segment_for(cap)
+    cap = cap // seg * seg
+    record = min(168, cap // 8)
+    ghosts = Ghosts(cap)
+    log = Log(cap, seg, ghosts.add)
+    staged, staged_set = [], set()
+    reads = misses = 0
     for b in trace:
         reads += 1
-        c = count.get(b)
+        c = log.count.get(b)
         if c is not None:
-            count[b] = min(3, c + 1)
+            log.count[b] = min(3, c + 1)
             continue
         if b in staged_set:
             continue
@@ -87,14 +115,10 @@ def model(trace, cap):
         staged.append(b)
         staged_set.add(b)
         if len(staged) >= record:
-            while cap - len(ring) < len(staged):
-                reclaim()
-            for s in staged:
-                ring.append(s)
-                count[s] = 1 if (s in ghosts or s in older) else 0
+            log.admit(staged, lambda s: 1 if s in ghosts else 0)
             staged.clear()
             staged_set.clear()
-    return misses / reads, copies / reads
+    return misses / reads, log.copies / reads
 
 
 def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
@@ -104,59 +128,28 @@ def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
     if ring_cap < 2 * seg or cap - ring_cap < 8 * seg:
         ring_cap = 0
     log_cap = (cap - ring_cap) // seg * seg
-    room, record = seg // 2, min(168, log_cap // 8)
-    min_progress = max(1, room // 16)
+    record = min(168, log_cap // 8)
     batch = min(batch, max(1, ring_cap // 4))
+    ghosts = Ghosts(log_cap)
+    log = Log(log_cap, seg, lambda b: None)  # (the log's evictions are no ghosts)
     ring, ring_pos, hits = collections.deque(), {}, {}
-    log, count = collections.deque(), {}
-    ghosts, older = set(), set()
     pending, pending_set = [], set()   # the ring's RAM batch
     staged, staged_set = [], set()     # the log's staging
-    reads = misses = copies = 0
-    tick = 0
-
-    def ghost(b):
-        nonlocal ghosts, older
-        ghosts.add(b)
-        if len(ghosts) >= log_cap // 2:
-            older, ghosts = ghosts, set()
-
-    def reclaim():
-        nonlocal copies
-        window = [log[i] for i in range(min(seg, len(log)))]
-        kept = [i for i, b in enumerate(window) if count[b] > 0]
-        limit = room
-        if len(kept) > room and kept[room] - 1 - min_progress > 0:
-            window = window[:kept[room]]
-            limit = min(room, len(window) - 1 - min_progress)
-        for _ in window:
-            log.popleft()
-        keep = set(sorted((b for b in window if count[b] > 0), key=lambda b: -count[b])[:limit])
-        for b in window:
-            if b in keep:
-                count[b] -= 1
-                log.append(b)
-                copies += 1
-            else:
-                del count[b]
+    reads = misses = copies = tick = 0
 
     def stage(b):
         staged.append(b)
         staged_set.add(b)
         if len(staged) >= record:
-            while log_cap - len(log) < len(staged):
-                reclaim()
-            for s_ in staged:
-                log.append(s_)
-                count[s_] = 0
+            log.admit(staged, lambda s: 0)
             staged.clear()
             staged_set.clear()
 
     for b in trace:
         reads += 1
-        c = count.get(b)
+        c = log.count.get(b)
         if c is not None:
-            count[b] = min(3, c + 1)
+            log.count[b] = min(3, c + 1)
             continue
         if b in staged_set or b in pending_set:
             continue
@@ -168,7 +161,7 @@ def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
                 stage(b)
             continue
         misses += 1
-        if ring_cap == 0 or b in ghosts or b in older:
+        if ring_cap == 0 or b in ghosts:
             stage(b)
             continue
         pending.append(b)
@@ -178,14 +171,14 @@ def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
                 o, t = ring.popleft()
                 if ring_pos.get(o) == t:
                     del ring_pos[o], hits[o]
-                    ghost(o)
+                    ghosts.add(o)
             for p in pending:
                 tick += 1
                 ring.append((p, tick))
                 ring_pos[p], hits[p] = tick, 0
             pending.clear()
             pending_set.clear()
-    return misses / reads, copies / reads
+    return misses / reads, (copies + log.copies) / reads
 
 
 def main():
