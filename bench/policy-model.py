@@ -95,13 +95,30 @@ class Log:
             self.count[b] = count_of(b)
 
 
+class Staging:
+    """Misses gathered into a record of `record` blocks, then admitted into `log` (each with
+    `count_of(block)`); a block staged is neither a hit nor a miss again until then."""
+
+    def __init__(self, log, record, count_of):
+        self.log, self.record, self.count_of = log, record, count_of
+        self.blocks, self.held = [], set()
+
+    def add(self, b):
+        self.blocks.append(b)
+        self.held.add(b)
+        if len(self.blocks) >= self.record:
+            self.log.admit(self.blocks, self.count_of)
+            self.blocks.clear()
+            self.held.clear()
+
+
 def model(trace, cap):
     seg = segment_for(cap)
     cap = cap // seg * seg
     record = min(168, cap // 8)
     ghosts = Ghosts(cap)
     log = Log(cap, seg, ghosts.add)
-    staged, staged_set = [], set()
+    staging = Staging(log, record, lambda s: 1 if s in ghosts else 0)
     reads = misses = 0
     for b in trace:
         reads += 1
@@ -109,15 +126,10 @@ def model(trace, cap):
         if c is not None:
             log.count[b] = min(3, c + 1)
             continue
-        if b in staged_set:
+        if b in staging.held:
             continue
         misses += 1
-        staged.append(b)
-        staged_set.add(b)
-        if len(staged) >= record:
-            log.admit(staged, lambda s: 1 if s in ghosts else 0)
-            staged.clear()
-            staged_set.clear()
+        staging.add(b)
     return misses / reads, log.copies / reads
 
 
@@ -134,16 +146,8 @@ def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
     log = Log(log_cap, seg, lambda b: None)  # (the log's evictions are no ghosts)
     ring, ring_pos, hits = collections.deque(), {}, {}
     pending, pending_set = [], set()   # the ring's RAM batch
-    staged, staged_set = [], set()     # the log's staging
+    staging = Staging(log, record, lambda s: 0)
     reads = misses = copies = tick = 0
-
-    def stage(b):
-        staged.append(b)
-        staged_set.add(b)
-        if len(staged) >= record:
-            log.admit(staged, lambda s: 0)
-            staged.clear()
-            staged_set.clear()
 
     for b in trace:
         reads += 1
@@ -151,18 +155,18 @@ def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
         if c is not None:
             log.count[b] = min(3, c + 1)
             continue
-        if b in staged_set or b in pending_set:
+        if b in staging.held or b in pending_set:
             continue
         if b in ring_pos:
             hits[b] += 1
             if hits[b] >= promote:
                 del ring_pos[b], hits[b]
                 copies += 1
-                stage(b)
+                staging.add(b)
             continue
         misses += 1
         if ring_cap == 0 or b in ghosts:
-            stage(b)
+            staging.add(b)
             continue
         pending.append(b)
         pending_set.add(b)

@@ -106,8 +106,7 @@ impl Volume {
                 let position = self.position_of(&st, &e);
                 plan.push(Source::Cache(e, position));
                 st.counters.read_hit_blocks += 1;
-            } else if let Some(found) =
-                Some(st.probation.find(block, out)).filter(|f| !matches!(f, probation::Found::Absent))
+            } else if let found @ (probation::Found::Copied | probation::Found::Ring(_)) = st.probation.find(block, out)
             {
                 plan.push(match found {
                     probation::Found::Ring(e) => Source::Probation(e, counts_as_reads),
