@@ -915,9 +915,15 @@ fn readers_writers_write_arounds_and_trims_never_read_stale_data() {
     let started: Arc<Vec<AtomicU64>> = Arc::new((0..N).map(|_| AtomicU64::new(0)).collect());
     let completed: Arc<Vec<AtomicU64>> = Arc::new((0..N).map(|_| AtomicU64::new(0)).collect());
     let mut threads = Vec::new();
+    // The writers start once the readers have read 300 times: a write-around bars every
+    // admission until a FLUSH settles it, so on a loaded machine the readers could otherwise
+    // miss every window between them, and the ring go unexercised.
+    let warm = Arc::new(std::sync::Barrier::new(4));
     for w in 0..2u64 {
         let (v, started, completed) = (Arc::clone(&v), Arc::clone(&started), Arc::clone(&completed));
+        let warm = Arc::clone(&warm);
         threads.push(std::thread::spawn(move || {
+            warm.wait();
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(100 + w);
             let mut version = 0;
             for _ in 0..1_500 {
@@ -945,10 +951,14 @@ fn readers_writers_write_arounds_and_trims_never_read_stale_data() {
     }
     for r in 0..2u64 {
         let (v, started, completed) = (Arc::clone(&v), Arc::clone(&started), Arc::clone(&completed));
+        let warm = Arc::clone(&warm);
         threads.push(std::thread::spawn(move || {
             let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(200 + r);
             let mut buf = vec![0u8; 4 * BS];
-            for _ in 0..6_000 {
+            for i in 0..6_000 {
+                if i == 300 {
+                    warm.wait();
+                }
                 let n = rng.gen_range(1..=4u64);
                 // Half the reads in a small hot region (promotions), half anywhere.
                 let first = if rng.gen_bool(0.5) { rng.gen_range(0..200) } else { rng.gen_range(0..N - n) };
