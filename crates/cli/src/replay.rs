@@ -55,9 +55,9 @@ pub struct ReplayArgs {
     /// best policy where `--anchors` lists them) into this SVG file.
     #[arg(long)]
     plot: Option<PathBuf>,
-    /// The eviction policy to replay with: s3fifo (the default), reinsert or fifo (the
-    /// policies before, to measure against; `serve --eviction` explains each).
-    #[arg(long, default_value = "s3fifo")]
+    /// The eviction policy to replay with: adaptive (the default), s3fifo, reinsert or fifo
+    /// (the policies before, to measure against; `serve --eviction` explains each).
+    #[arg(long, default_value = "adaptive")]
     eviction: tiercache_engine::Eviction,
     /// Admit sequential read streams past this size too (0: admit every stream; the default
     /// is the server's, 2M).
@@ -218,6 +218,13 @@ struct SizeResult {
     probation_admitted_blocks: u64,
     promoted_blocks: u64,
     probation_evicted_blocks: u64,
+    /// The adaptive policy (`serve --eviction`): misses admitted into the log while it first
+    /// filled, ghosts the frequency gate sent to the ring, how often the duel changed its
+    /// choice, and the share of the replay (sampled 1,000 times) with the gate on.
+    filling_admitted_blocks: u64,
+    gate_refused_blocks: u64,
+    policy_switches: u64,
+    gate_on_share: f64,
     /// Ordinary records written (each costs a header block of the log besides its data;
     /// reclaim's records, one per reclaim, are not counted here).
     records_written: u64,
@@ -289,6 +296,7 @@ fn replay_one(
     let mut buf = tiercache_device::AlignedBuf::new(BS as usize);
     let mut write_blocks = 0u64;
     let (mut cached_sum, mut samples) = (0u64, 0u64);
+    let (mut gate_on, mut gate_samples) = (0u64, 0u64);
     let sample_every = (requests.len() / 1000).max(1);
     let started = std::time::Instant::now();
     for (i, r) in requests.iter().enumerate() {
@@ -309,14 +317,19 @@ fn replay_one(
         if i % 500 == 499 {
             volume.background_tick()?;
         }
-        if i % sample_every == sample_every - 1 && i >= requests.len() / 2 {
+        if i % sample_every == sample_every - 1 {
             let st = volume.status();
-            cached_sum += st.cached_blocks + st.probation_blocks;
-            samples += 1;
+            gate_on += u64::from(st.frequency_gate == Some(true));
+            gate_samples += 1;
+            if i >= requests.len() / 2 {
+                cached_sum += st.cached_blocks + st.probation_blocks;
+                samples += 1;
+            }
         }
     }
     let elapsed = started.elapsed();
-    let c = volume.status().counters;
+    let status = volume.status();
+    let c = status.counters;
     let reads = c.read_hit_blocks + c.read_miss_blocks;
     let accesses = (reads + write_blocks).max(1);
     Ok(SizeResult {
@@ -337,6 +350,10 @@ fn replay_one(
         probation_admitted_blocks: c.probation_admitted_blocks,
         promoted_blocks: c.promoted_blocks,
         probation_evicted_blocks: c.probation_evicted_blocks,
+        filling_admitted_blocks: c.filling_admitted_blocks,
+        gate_refused_blocks: c.gate_refused_blocks,
+        policy_switches: status.policy_switches,
+        gate_on_share: gate_on as f64 / gate_samples.max(1) as f64,
         records_written: c.records_written,
         mean_cached_blocks: cached_sum / samples.max(1),
         microseconds_per_request: elapsed.as_secs_f64() * 1e6 / requests.len() as f64,

@@ -100,11 +100,14 @@ pub struct ServeArgs {
     /// Default: 2M.
     #[arg(long, value_name = "SIZE", value_parser = crate::devices::parse_size)]
     sequential_bypass: Option<u64>,
-    /// The read cache's eviction policy: `s3fifo` (the default: a miss waits in the probation
-    /// ring and moves into the log only if read again there; blocks read again since they
-    /// entered the log are kept when it wraps), `reinsert` (the log alone, as before the ring:
-    /// every admitted miss enters the log; the ring stays unused) or `fifo` (the log alone,
-    /// every clean block evicted when it wraps; kept to measure against).
+    /// The read cache's eviction policy: `adaptive` (the default: `s3fifo`, plus misses
+    /// filling the log until it first wraps, and a miss of a block evicted lately refused
+    /// the log unless read more often than the block it would push out, whenever a small
+    /// simulation of both rules says the refusal misses less), `s3fifo` (a miss waits in the
+    /// probation ring and moves into the log only if read again there; blocks read again
+    /// since they entered the log are kept when it wraps), `reinsert` (the log alone, as
+    /// before the ring: every admitted miss enters the log; the ring stays unused) or `fifo`
+    /// (the log alone, every clean block evicted when it wraps; kept to measure against).
     #[arg(long, value_name = "POLICY")]
     eviction: Option<tiercache_engine::Eviction>,
     /// Write-back stops when dirty data falls to this percentage of the cache (default: the
@@ -140,7 +143,7 @@ struct ServeConfig {
     record_trace: Option<PathBuf>,
     /// A size: "2M", or a number of bytes (0 admits everything).
     sequential_bypass: Option<SizeValue>,
-    /// "s3fifo", "reinsert" or "fifo".
+    /// "adaptive", "s3fifo", "reinsert" or "fifo".
     eviction: Option<tiercache_engine::Eviction>,
     dirty_low: Option<f64>,
     dirty_high: Option<f64>,

@@ -331,9 +331,8 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
                 pct(s.dirty_blocks, s.log_bytes / u64::from(s.block_size)),
                 pct(s.hot_blocks, s.log_bytes / u64::from(s.block_size)),
                 match s.eviction {
-                    tiercache_engine::Eviction::S3fifo | tiercache_engine::Eviction::Reinsert =>
-                        format!("the {} policy keeps them", if s.eviction == tiercache_engine::Eviction::S3fifo { "s3fifo" } else { "reinsert" }),
                     tiercache_engine::Eviction::Fifo => "the fifo policy does not keep them".to_string(),
+                    other => format!("the {} policy keeps them", other.name()),
                 },
             ),
         ),
@@ -357,6 +356,19 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
             ),
         ),
         ("oldest dirty", s.oldest_dirty_age_seconds.map_or("-".into(), |a| format!("{a:.1} s"))),
+        (
+            "admission",
+            match s.frequency_gate {
+                None => "the policy admits every ghost's miss into the log".to_string(),
+                Some(gate) => format!(
+                    "{}; {} misses entered the log while it filled; {} ghosts refused for a victim read as often; the choice changed {} times",
+                    if gate { "frequency gate on (a simulation of both rules says it misses less now)" } else { "frequency gate off" },
+                    s.counters.filling_admitted_blocks,
+                    s.counters.gate_refused_blocks,
+                    s.policy_switches
+                ),
+            },
+        ),
         ("read hit ratio", s.read_hit_ratio.map_or("-".into(), |r| format!("{:.1} % since start", 100.0 * r))),
         (
             "batched hit reads",

@@ -20,7 +20,9 @@
 
 mod check;
 pub mod constants;
+mod duel;
 mod error;
+mod frequency;
 mod ghost;
 mod index;
 mod open;
@@ -89,6 +91,15 @@ pub struct Status {
     /// RAM of the eviction policy's ghost queue (about 2 bytes per cache block).
     #[serde(default)]
     pub ghost_ram_bytes: u64,
+    /// The adaptive policy only (`null` otherwise): whether the frequency gate refuses
+    /// infrequent ghosts now (the duel's choice; false while the log first fills), how often
+    /// that choice changed, and the RAM of the frequency sketch and the duel's two simulations.
+    #[serde(default)]
+    pub frequency_gate: Option<bool>,
+    #[serde(default)]
+    pub policy_switches: u64,
+    #[serde(default)]
+    pub admission_ram_bytes: u64,
     /// Measured cost of freeing a dirty block at the log's head by writing it back, and by
     /// copying it forward, in microseconds per block (smoothed; null until measured): what
     /// reclaim compares when it meets a window dense in dirty blocks.

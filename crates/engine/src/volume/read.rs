@@ -5,6 +5,7 @@
 //! blocks; a reader never waits for the admission of what it read.
 
 use super::*;
+use admission::Route;
 
 /// Whether a read's misses are admitted, and if not, why (counted by reason).
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -127,6 +128,7 @@ impl Volume {
         } else {
             Admit::Yes
         };
+        st.admission.note_reads(first..first + nblocks as u64, counts_as_reads, matches!(admit, Admit::Yes));
         Ok((plan, admit))
     }
 
@@ -318,13 +320,18 @@ impl Volume {
                     let cancelled = st.end_fill(block);
                     if read_ok && !cancelled && !st.lost.contains_key(&block) && st.around.admissible(block) {
                         // (Counted by reason only where admission would have taken it.)
+                        // A block evicted lately enters the log; any other, the probation
+                        // ring, where it must be read again to earn the log (`admission.rs`).
+                        let route = match admit {
+                            Admit::Yes if st.probation.enabled() => self.route(&st, block),
+                            _ => Route::Log,
+                        };
                         match admit {
-                            // A block evicted lately enters the log; any other, the probation
-                            // ring, where it must be read again to earn the log.
-                            Admit::Yes if st.probation.enabled() && !st.ghosts.contains(block) => {
+                            Admit::Yes if matches!(route, Route::Ring | Route::RingRefused) => {
                                 if st.probation.gather(block, &buf[i * bs..(i + 1) * bs]) {
                                     st.counters.admitted_blocks += 1;
                                     st.counters.probation_admitted_blocks += 1;
+                                    st.counters.gate_refused_blocks += u64::from(route == Route::RingRefused);
                                 } else {
                                     st.counters.probation_busy_blocks += 1;
                                 }
@@ -333,6 +340,7 @@ impl Volume {
                                 let data = &buf[i * bs..(i + 1) * bs];
                                 if st.staging.put(block, EntryKind::DataClean, data, checksum(data), now) {
                                     st.counters.admitted_blocks += 1;
+                                    st.counters.filling_admitted_blocks += u64::from(route == Route::LogFilling);
                                     st.probation.forget(block);
                                 }
                             }

@@ -80,7 +80,7 @@ impl Volume {
         // (The clean copies the record has room for; never so many that the record takes
         // more than the window frees, which a window cut short could otherwise allow.)
         let window_room = (new_head - head).saturating_sub(2 + dirty.len() as u64) as usize;
-        let room = (self.copy_forward_max() - dirty.len()).min(window_room);
+        let room = (self.reinsert_max() - dirty.len()).min(window_room);
         let kept = self.reinsertions(head, &mut new_head, &mut live, dirty.len(), room);
         // (The copy's cost: reading the copies, then writing and flushing the record; not the
         // loss checkpoint or the write-around settle in between, which any reclaim may owe.)
@@ -440,6 +440,7 @@ impl Volume {
     fn finish_reclaim(&self, st: &mut State, head: u64, new_head: u64, copies: &[Picked], pos: u64) {
         st.head = new_head;
         st.around.head_moved(new_head);
+        st.admission.note_reclaim();
         for (k, p) in copies.iter().enumerate() {
             if let Some(current) = st.index.get(p.block) {
                 if current.slot == p.entry.slot {

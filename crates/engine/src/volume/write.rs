@@ -39,6 +39,7 @@ impl Volume {
                         st.around.trim_staged(block);
                         st.staging.meta.push(write_around::trim_entry(block));
                     }
+                    st.admission.note_write(block);
                     st.counters.written_blocks += 1;
                     i += 1;
                 }
