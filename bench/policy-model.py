@@ -2,23 +2,33 @@
 """A model of the read cache's eviction policy on a log, for trying a change to it in
 seconds (Python) before building it into the engine: a ring of C slots filled at the tail,
 emptied at the head in windows of a segment, where a clean block read since it was cached or
-last kept is copied forward with its 2-bit count one less (at most half a segment of copies per
-reclaim record; the window ends early rather than evict a kept block, as long as it frees
-room/16 blocks beyond its record: volume/reclaim.rs), a block read once is evicted into the
-ghost queue (half a log of evictions per generation, two generations: ghost.rs), and a miss of
-a ghost enters with a count of one. Misses are admitted in records of min(168, C/8) blocks.
+last kept is copied forward with its 2-bit count one less (at most half a segment of copies
+per reclaim record; the window ends early rather than evict a
+kept block, as long as it frees room/16 blocks beyond its record: volume/reclaim.rs), a block
+read once is evicted into the ghost queue (half a log of evictions per generation, two
+generations: ghost.rs), and a miss of a ghost enters with a count of one. Misses are
+admitted in records of min(168, C/8) blocks.
 
-    bench/policy-model.py TRACE.csv.gz [--anchors ../shared/traces/missratio-anchors.tsv] [--ring]
+    bench/policy-model.py TRACE.csv.gz [--anchors ../shared/traces/missratio-anchors.tsv]
+                          [--ring | --adaptive [--gate on|off|duel]]
 
-With --ring, the policy with the probation ring (the default since 2026-11-27,
-volume/probation.rs): a tenth of the cache is a ring that a miss enters unless it is a ghost,
-read in batches of 64; two reads there move a block into the log (count 0); the ring's
-drops, not the log's evictions, feed the ghost queue; a ghost's miss enters the log.
+With --ring, the `s3fifo` policy (volume/probation.rs): a tenth of the cache is a ring that a
+miss enters unless it is a ghost, read in batches of 64; two reads there move a block into
+the log (count 0); the ring's drops, not the log's evictions, feed the ghost queue; a ghost's
+miss enters the log.
+
+With --adaptive, the `adaptive` policy (the default since 2026-11-27, volume/admission.rs):
+`s3fifo`, plus misses entering the log until it first fills, plus the frequency gate (a
+ghost's miss enters the log only if a count-min sketch, frequency.rs, counts it read more
+often than the first block from the log's head that reclaim would evict; else the ring),
+applied while a duel of two miniature simulations of the policy, with and without the gate,
+on 1 in S sampled blocks, says the gate misses less (duel.rs). `--gate on|off` fixes the gate
+instead.
 
 Prints the model's miss ratio at 1/5/10/25 % of the trace's footprint beside libCacheSim's
 LRU, FIFO and best policy. It follows the engine's replay (`tiercache replay`) within about
-0.01 of miss ratio; it leaves out record headers, the reclaim reserve and the sequential
-bypass.
+0.01-0.02 of miss ratio; it leaves out record headers, the reclaim reserve (together about
+1.5 % of the cache) and the sequential bypass.
 """
 import argparse, collections, csv, gzip
 
@@ -56,13 +66,13 @@ class Ghosts:
 class Log:
     """The log: `cap` slots filled at the tail, emptied at the head in windows of a segment,
     where a block whose 2-bit count is not zero is copied forward with it one less (at most
-    half a segment per reclaim record; the window ends early rather than evict a kept block,
+    `room` per reclaim record: half a segment; the window ends early rather than evict a kept block,
     as long as it frees room/16 blocks beyond its record), and the rest are evicted
     (`on_evict`). `count` is the index: block -> count."""
 
     def __init__(self, cap, seg, on_evict):
         self.cap, self.seg, self.on_evict = cap, seg, on_evict
-        self.room = seg // 2
+        self.room = min(seg // 2, 168)
         self.min_progress = max(1, self.room // 16)
         self.ring, self.count, self.copies = collections.deque(), {}, 0
 
@@ -74,6 +84,7 @@ class Log:
         if len(kept) > room and kept[room] - 1 - self.min_progress > 0:
             window = window[:kept[room]]
             limit = min(room, len(window) - 1 - self.min_progress)
+        limit = min(limit, len(window) - 1)  # (at least one block leaves)
         for _ in window:
             ring.popleft()
         keep = set(sorted((b for b in window if count[b] > 0), key=lambda b: -count[b])[:limit])
@@ -185,11 +196,154 @@ def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
     return misses / reads, (copies + log.copies) / reads
 
 
+class Sketch:
+    """The frequency sketch (frequency.rs): 64-bit words of sixteen 4-bit counters, half a
+    word per cache block; a block picks one word and one counter in each quarter of it; every
+    counter halves after 5 cache-fulls of increments."""
+
+    M = 0xFFFFFFFFFFFFFFFF
+
+    def __init__(self, cache_blocks):
+        n = 1
+        while n < max(8, int(cache_blocks * 0.5)):
+            n <<= 1
+        self.mask, self.words = n - 1, [0] * n
+        self.counted, self.period = 0, max(64, cache_blocks * 5)
+
+    @staticmethod
+    def mix(x):
+        M = Sketch.M
+        z = (x + 0x9E3779B97F4A7C15) & M
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M
+        return z ^ (z >> 31)
+
+    def _slots(self, b):
+        h = self.mix(b)
+        pick = h >> 32
+        return h & self.mask, [((pick >> (2 * i)) & 3) * 16 + i * 4 for i in range(4)]
+
+    def increment(self, b):
+        w, offs = self._slots(b)
+        v = self.words[w]
+        for o in offs:
+            if (v >> o) & 15 < 15:
+                v += 1 << o
+        self.words[w] = v
+        self.counted += 1
+        if self.counted >= self.period:
+            self.words = [(x >> 1) & 0x7777777777777777 for x in self.words]
+            self.counted = 0
+
+    def estimate(self, b):
+        w, offs = self._slots(b)
+        return min((self.words[w] >> o) & 15 for o in offs)
+
+
+class Adaptive:
+    """The `adaptive` policy (volume/admission.rs) at `cap` blocks; `gate` fixed or set by a
+    duel. The same shape as `model_ring`, plus the filling log and the frequency gate."""
+
+    def __init__(self, cap, gate=False, ring_frac=0.1, promote=2, batch=64):
+        seg = segment_for(cap)
+        ring_cap = int(cap * ring_frac) // seg * seg
+        if ring_cap < 2 * seg or cap - ring_cap < 8 * seg:
+            ring_cap = 0
+        self.ring_cap, self.log_cap = ring_cap, max(seg, (cap - ring_cap) // seg * seg)
+        self.record = max(1, min(168, self.log_cap // 8))
+        self.batch = min(batch, max(1, ring_cap // 4))
+        self.ghosts = Ghosts(self.log_cap)
+        self.log = Log(self.log_cap, seg, lambda b: None)
+        self.staging = Staging(self.log, self.record, lambda s: 0)
+        self.ring, self.ring_pos, self.hits = collections.deque(), {}, {}
+        self.pending, self.pending_set = [], set()
+        self.gate, self.promote, self.sketch = gate, promote, Sketch(cap)
+        self.reads = self.misses = self.copies = self.tick = 0
+
+    def filling(self):
+        return len(self.log.ring) + len(self.staging.blocks) + self.record < self.log_cap
+
+    def victim(self):
+        """The sketch's count of the first block within 64 of the log's head with a count of
+        0, else of the head's block."""
+        near = [x for _, x in zip(range(64), self.log.ring)]
+        for x in near:
+            if self.log.count[x] == 0:
+                return self.sketch.estimate(x)
+        return self.sketch.estimate(near[0]) if near else 0
+
+    def step(self, b):
+        """A read of block `b`; returns whether it hit."""
+        self.reads += 1
+        self.sketch.increment(b)
+        c = self.log.count.get(b)
+        if c is not None:
+            self.log.count[b] = min(3, c + 1)
+            return True
+        if b in self.staging.held or b in self.pending_set:
+            return True
+        if b in self.ring_pos:
+            self.hits[b] += 1
+            if self.hits[b] >= self.promote:
+                del self.ring_pos[b], self.hits[b]
+                self.copies += 1
+                self.staging.add(b)
+            return True
+        self.misses += 1
+        if self.ring_cap == 0 or self.filling():
+            self.staging.add(b)
+            return False
+        if b in self.ghosts and not (self.gate and self.sketch.estimate(b) <= self.victim()):
+            self.staging.add(b)
+            return False
+        self.pending.append(b)
+        self.pending_set.add(b)
+        if len(self.pending) >= self.batch:
+            while len(self.ring) + len(self.pending) > self.ring_cap:
+                o, t = self.ring.popleft()
+                if self.ring_pos.get(o) == t:
+                    del self.ring_pos[o], self.hits[o]
+                    self.ghosts.add(o)
+            for p in self.pending:
+                self.tick += 1
+                self.ring.append((p, self.tick))
+                self.ring_pos[p], self.hits[p] = self.tick, 0
+            self.pending.clear()
+            self.pending_set.clear()
+        return False
+
+
+def model_adaptive(trace, cap, gate='duel'):
+    """The adaptive policy; with `gate` 'duel', two miniature simulations (gate on, off) on
+    the blocks a hash samples at 1 in S (a power of two: each holds 2,048 to 65,536 blocks)
+    pick the gate, by misses decayed by 0.9999 per sampled read (duel.rs)."""
+    real = Adaptive(cap, gate=(gate == 'on'))
+    if gate != 'duel':
+        for b in trace:
+            real.step(b)
+        return real.misses / real.reads, (real.copies + real.log.copies) / real.reads
+    rate = max(1, min(16, cap // 2048))
+    rate = 1 << (rate.bit_length() - 1)
+    if cap // rate > 65536:
+        rate = 1 << (cap // 65536 - 1).bit_length()
+    sims, missed = [Adaptive(cap // rate, gate=True), Adaptive(cap // rate, gate=False)], [0.0, 0.0]
+    salt = 0x5A4D504C45445545
+    for b in trace:
+        if Sketch.mix(b ^ salt) & (rate - 1) == 0:
+            for i, sim in enumerate(sims):
+                missed[i] = missed[i] * 0.9999 + (not sim.step(b))
+            real.gate = missed[0] < missed[1]
+        real.step(b)
+    return real.misses / real.reads, (real.copies + real.log.copies) / real.reads
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument('trace')
     ap.add_argument('--anchors')
-    ap.add_argument('--ring', action='store_true', help='the policy with the probation ring (the default since 2026-11-27)')
+    ap.add_argument('--ring', action='store_true', help='the s3fifo policy (the probation ring)')
+    ap.add_argument('--adaptive', action='store_true', help='the adaptive policy (the default since 2026-11-27)')
+    ap.add_argument('--gate', choices=['on', 'off', 'duel'], default='duel', help='with --adaptive: the frequency gate always, never, or as the duel picks (the engine)')
     a = ap.parse_args()
     trace = list(blocks(a.trace))
     name = a.trace.rsplit('/', 1)[-1].split('.')[0]
@@ -202,7 +356,10 @@ def main():
     sizes = sorted(anchors) or [footprint * p // 100 for p in (1, 5, 10, 25)]
     print(f'{name}: {len(trace)} block reads, footprint {footprint} blocks')
     for cap in sizes:
-        m, c = (model_ring if a.ring else model)(trace, cap)
+        if a.adaptive:
+            m, c = model_adaptive(trace, cap, a.gate)
+        else:
+            m, c = (model_ring if a.ring else model)(trace, cap)
         an = anchors.get(cap, {})
         best = min(((v, k) for k, v in an.items() if k != 'Belady'), default=None)
         ref = f"  LRU {an['LRU']:.4f} FIFO {an['FIFO']:.4f} best {best[0]:.4f} ({best[1]})" if best else ''

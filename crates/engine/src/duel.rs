@@ -127,7 +127,7 @@ impl Duel {
 
 /// The read cache's policy at a small scale, in the engine's shape: a log filled at its tail
 /// and reclaimed at its head a segment at a time (a block read since it was cached is copied
-/// forward with its 2-bit count one less, up to a record's worth per window), a probation
+/// forward with its 2-bit count one less, up to half a segment per window), a probation
 /// ring that a miss enters unless it is a ghost or the log is still filling, two reads there
 /// moving a block into the log, the ring's drops feeding the ghost queue, and (`gate`) a
 /// ghost admitted into the log only if read more often than the log's next victim.
@@ -166,7 +166,7 @@ impl Mini {
             gate,
             log_cap,
             segment,
-            room: segment.min(RECORD_BLOCKS),
+            room: (segment / 2).min(RECORD_BLOCKS),
             record: RECORD_BLOCKS.min(log_cap / 8).max(1),
             log: VecDeque::with_capacity(log_cap),
             count: HashMap::with_capacity(log_cap),
@@ -210,9 +210,11 @@ impl Mini {
         }
     }
 
-    /// The sketch's count of the first block from the log's head that reclaim would evict.
+    /// The sketch's count of the first block from the log's head that reclaim would evict
+    /// (not read since cached or kept), or of the head's block if none is that near.
     fn victim_frequency(&self) -> u8 {
-        self.log.iter().take(VICTIM_SCAN_SLOTS).find(|b| self.count[b] == 0).map_or(0, |&b| self.sketch.estimate(b))
+        let near = || self.log.iter().take(VICTIM_SCAN_SLOTS);
+        near().find(|b| self.count[b] == 0).or_else(|| near().next()).map_or(0, |&b| self.sketch.estimate(b))
     }
 
     /// Whether the read was a hit.
@@ -343,7 +345,7 @@ mod tests {
             }
         }
         assert!(d.gate(), "misses with the gate {:.0}, without {:.0}", d.misses()[0], d.misses()[1]);
-        assert!(d.misses()[0] < 0.8 * d.misses()[1], "{:?}", d.misses());
+        assert!(d.misses()[0] < 0.95 * d.misses()[1], "{:?}", d.misses());
     }
 
     /// A working set that drifts (each block read a few times within a short span, then

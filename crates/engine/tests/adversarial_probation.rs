@@ -73,7 +73,7 @@ fn open_on(cache: Arc<dyn BlockDevice>, backing: Arc<dyn BlockDevice>, options: 
 
 /// No sequential bypass (the tests read blocks one at a time, often in order).
 fn opts() -> VolumeOptions {
-    VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() }
+    VolumeOptions { sequential_bypass_bytes: 0, ..s3fifo() }
 }
 
 /// `opts`, and writes of two blocks or more go around whatever the dirty level.

@@ -40,7 +40,7 @@ fn open_with(cache: &Arc<SimDevice>, backing: &Arc<SimDevice>, options: VolumeOp
 
 fn volume() -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
     let (c, b) = devices_with_ring();
-    let v = open_with(&c, &b, VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() });
+    let v = open_with(&c, &b, VolumeOptions { sequential_bypass_bytes: 0, ..s3fifo() });
     (c, b, v)
 }
 
@@ -149,11 +149,7 @@ fn writes_trims_and_write_arounds_forget_the_ring_copy() {
     let backing = Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_atomic_write(BS as u32));
     create(&*cache, &*backing, &CreateOptions { segment_blocks: SEGMENT, ..CreateOptions::default() }).unwrap();
     let around = WriteAroundPolicy { min_bytes: 2 * BS as u64, only_when_destage_bound: false };
-    let v = open_with(
-        &cache,
-        &backing,
-        VolumeOptions { sequential_bypass_bytes: 0, write_around: around, ..VolumeOptions::default() },
-    );
+    let v = open_with(&cache, &backing, VolumeOptions { sequential_bypass_bytes: 0, write_around: around, ..s3fifo() });
     // Blocks 200..208 in a RAM batch, 300..308 written to the ring (a full batch after them).
     read_once(&v, 300..308);
     read_once(&v, (0..BATCH - 8).map(cold));
@@ -198,7 +194,7 @@ fn an_open_starts_with_the_ring_empty() {
     for blk in 100..100 + 2 * BATCH {
         b.write_at(blk * BS as u64, &stamp(blk, 5)).unwrap();
     }
-    let v = open_with(&Arc::new(SimDevice::from_image(image, BS as u32)), &b, VolumeOptions::default());
+    let v = open_with(&Arc::new(SimDevice::from_image(image, BS as u32)), &b, s3fifo());
     assert_eq!(ring(&v).0, 0, "the ring starts empty");
     for blk in 100..100 + 2 * BATCH {
         assert_eq!(read_version(&v, blk).unwrap(), Some(5), "block {blk}");
@@ -241,7 +237,7 @@ fn a_ring_copy_gone_bad_is_read_from_the_backing_device() {
 fn reinsert_and_fifo_leave_the_ring_unused() {
     for eviction in [Eviction::Reinsert, Eviction::Fifo] {
         let (c, b) = devices_with_ring();
-        let v = open_with(&c, &b, VolumeOptions { sequential_bypass_bytes: 0, eviction, ..VolumeOptions::default() });
+        let v = open_with(&c, &b, VolumeOptions { sequential_bypass_bytes: 0, eviction, ..s3fifo() });
         read_once(&v, 0..200);
         v.flush().unwrap();
         assert_eq!(ring(&v), (0, 0), "{eviction:?}");

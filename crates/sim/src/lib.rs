@@ -63,7 +63,9 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tiercache_device::{BlockDevice, Clock, FailMode, OpKind, ReadRange, SimClock, SimDevice};
-use tiercache_engine::{create, CreateOptions, EngineError, Role, Sabotage, Volume, VolumeOptions, WriteAroundPolicy};
+use tiercache_engine::{
+    create, CreateOptions, EngineError, Eviction, Role, Sabotage, Volume, VolumeOptions, WriteAroundPolicy,
+};
 use tiercache_format::Layout;
 use tiercache_sched::{yield_now, Joined, Sched};
 
@@ -1007,7 +1009,13 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
     // Slow cache writes come with small records (3 to 6 entries), so that several fit between
     // two reclaims and the pipeline fills (see `VolumeOptions::record_entries`).
     let record_entries = slow_cache_writes.then(|| 3 + (config.seed % 4) as usize);
-    let options = VolumeOptions { sabotage: config.sabotage, write_around, record_entries, ..VolumeOptions::default() };
+    let options = VolumeOptions {
+        sabotage: config.sabotage,
+        write_around,
+        record_entries,
+        eviction: eviction_for(config.seed),
+        ..VolumeOptions::default()
+    };
     for cycle in 0..cycles {
         world.cycle.store(cycle, Ordering::Relaxed);
         report.cycles = cycle + 1;
@@ -1731,5 +1739,16 @@ mod adversarial_batch_tests {
         }
         let reads = inner.stats().reads - before;
         assert_eq!(reads, 2, "a batch of two 3-buffer ranges reached the SimDevice as {reads} reads");
+    }
+}
+
+/// The eviction policy of a seed (its own stream): the default `adaptive` (misses fill the log
+/// until it wraps, the frequency gate as its duel decides: engine volume/admission.rs) in
+/// half the seeds, plain `s3fifo` (every miss that is no ghost into the ring) in the rest.
+pub(crate) fn eviction_for(seed: u64) -> Eviction {
+    if ChaCha8Rng::seed_from_u64(seed ^ 0xad47_71fe).gen_bool(0.5) {
+        Eviction::Adaptive
+    } else {
+        Eviction::S3fifo
     }
 }

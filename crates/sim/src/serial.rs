@@ -314,7 +314,11 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
         blocks,
         model: vec![BlockModel { all: vec![0], ..BlockModel::default() }; blocks as usize],
         next_version: 1,
-        options: VolumeOptions { sabotage: config.sabotage, ..VolumeOptions::default() },
+        options: VolumeOptions {
+            sabotage: config.sabotage,
+            eviction: crate::eviction_for(config.seed),
+            ..VolumeOptions::default()
+        },
         max_ops: config.max_ops_per_cycle.max(1),
         report: TortureReport { seed: config.seed, ..TortureReport::default() },
     };

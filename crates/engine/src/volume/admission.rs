@@ -119,11 +119,14 @@ impl Volume {
 
     /// The sketch's count of the first block from the log's head that reclaim would evict
     /// (clean, not read since cached or last kept), looking `VICTIM_SCAN_SLOTS` slots ahead;
-    /// 0 if none is there (a head all of read or dirty blocks: no victim to protect).
+    /// if none is that near, of the first clean block (a head of blocks all read again: the
+    /// one reclaim would evict after it passes them once more); 0 if no clean block is there.
     fn victim_frequency(&self, st: &State, sketch: &Sketch) -> u8 {
-        (st.head..st.tail.min(st.head + VICTIM_SCAN_SLOTS as u64))
-            .filter_map(|pos| st.index.owner(self.layout.slot(pos)))
-            .find(|(_, e)| !e.dirty && e.freq == 0)
-            .map_or(0, |(block, _)| sketch.estimate(block))
+        let near = || {
+            (st.head..st.tail.min(st.head + VICTIM_SCAN_SLOTS as u64))
+                .filter_map(|pos| st.index.owner(self.layout.slot(pos)))
+                .filter(|(_, e)| !e.dirty)
+        };
+        near().find(|(_, e)| e.freq == 0).or_else(|| near().next()).map_or(0, |(block, _)| sketch.estimate(block))
     }
 }

@@ -834,17 +834,9 @@ impl Volume {
         (self.layout.segment_blocks as usize / 2).min(self.staging_limit)
     }
 
-    /// The most blocks a reclaim record copies forward, dirty and clean: a segment, and no
-    /// more than a record holds. Clean blocks read since cached may fill what the dirty ones
-    /// leave: with half a segment, as before, a head dense with hot blocks evicted some of
-    /// them, and the model missed 1-3 % more at every size (`bench/policy-model.py`).
-    fn reinsert_max(&self) -> usize {
-        (self.layout.segment_blocks as usize).min(self.staging_limit)
-    }
-
     /// Blocks the writer keeps free at the tail for reclaim's copy record.
     fn reclaim_reserve(&self) -> u64 {
-        1 + self.reinsert_max() as u64
+        1 + self.copy_forward_max() as u64
     }
 
     /// Corrupt metadata found while running: poisons the volume and returns the error.

@@ -80,7 +80,16 @@ impl Volume {
         // (The clean copies the record has room for; never so many that the record takes
         // more than the window frees, which a window cut short could otherwise allow.)
         let window_room = (new_head - head).saturating_sub(2 + dirty.len() as u64) as usize;
-        let room = (self.reinsert_max() - dirty.len()).min(window_room);
+        // (Clean copies may take up to a segment, not half, where the tail has room for them
+        // beyond the writer's reserve and the header of the writer's record: a head dense
+        // with blocks read again then keeps them, where half a segment evicted the least
+        // read of them. On the shared traces the replay missed 2.9 % more than the best
+        // published policy on average with half a segment, 2.4 % with this. The reserve
+        // stays half a segment, and whatever the room, the window frees two blocks more than
+        // the record takes, so the reserve is free after it.)
+        let whole = (self.layout.segment_blocks as usize).min(self.staging_limit);
+        let copies_max = whole.min(free as usize - 2).max(self.copy_forward_max());
+        let room = (copies_max - dirty.len()).min(window_room);
         let kept = self.reinsertions(head, &mut new_head, &mut live, dirty.len(), room);
         // (The copy's cost: reading the copies, then writing and flushing the record; not the
         // loss checkpoint or the write-around settle in between, which any reclaim may owe.)

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering as AtomicOrdering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tiercache_device::{BlockDevice, DeviceError, MonotonicClock, SimClock, SimDevice, SimLatency, SimStats};
-use tiercache_engine::{create, CreateOptions, EngineError, OpenReport, Volume, VolumeOptions};
+use tiercache_engine::{create, CreateOptions, EngineError, Eviction, OpenReport, Volume, VolumeOptions};
 use tiercache_format::constants::{CHECKPOINT_ENTRY_SIZE, RECORD_ENTRY_SIZE, RECORD_HEADER_SIZE};
 use tiercache_format::{checksum, uuid_low64, CheckpointEntry, CheckpointHeader, Layout, RecordHeader};
 
@@ -31,6 +31,14 @@ pub fn stamps(first: u64, n: u64, version: u64) -> Vec<u8> {
 /// the ring, and the log behind it).
 pub fn log_only() -> CreateOptions {
     CreateOptions { probation_permille: 0, ..CreateOptions::default() }
+}
+
+/// Volume options with the plain `s3fifo` policy: every miss that is no ghost enters the
+/// probation ring from the start. The tests that pin the ring's own mechanics use it; the
+/// default `adaptive` policy sends misses into the log until the log first wraps
+/// (`tests/adaptive.rs`).
+pub fn s3fifo() -> VolumeOptions {
+    VolumeOptions { eviction: Eviction::S3fifo, ..VolumeOptions::default() }
 }
 
 /// A cache of `log_segments` segments of `seg` blocks, and a backing device of `blocks`
