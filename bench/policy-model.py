@@ -197,17 +197,14 @@ def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
 
 
 class Sketch:
-    """The frequency sketch (frequency.rs): 64-bit words of sixteen 4-bit counters, half a
-    word per cache block; a block picks one word and one counter in each quarter of it; every
-    counter halves after 5 cache-fulls of increments."""
+    """The frequency sketch (frequency.rs): 64-bit words of sixteen 4-bit counters, a word
+    per cache block; a block picks one word (multiply-shift) and one counter in each
+    quarter of it; every counter halves after 5 cache-fulls of increments."""
 
     M = 0xFFFFFFFFFFFFFFFF
 
     def __init__(self, cache_blocks):
-        n = 1
-        while n < max(8, int(cache_blocks * 0.5)):
-            n <<= 1
-        self.mask, self.words = n - 1, [0] * n
+        self.words = [0] * max(8, int(cache_blocks))
         self.counted, self.period = 0, max(64, cache_blocks * 5)
 
     @staticmethod
@@ -221,7 +218,7 @@ class Sketch:
     def _slots(self, b):
         h = self.mix(b)
         pick = h >> 32
-        return h & self.mask, [((pick >> (2 * i)) & 3) * 16 + i * 4 for i in range(4)]
+        return ((h & 0xFFFFFFFF) * len(self.words)) >> 32, [((pick >> (2 * i)) & 3) * 16 + i * 4 for i in range(4)]
 
     def increment(self, b):
         w, offs = self._slots(b)

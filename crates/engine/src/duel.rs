@@ -63,7 +63,7 @@ impl Duel {
         let mut rate = (total / MINI_MIN_BLOCKS).clamp(1, MAX_SMALL_RATE);
         rate = 1 << rate.ilog2();
         if total / rate > MINI_MAX_BLOCKS {
-            rate = (total / MINI_MAX_BLOCKS).next_power_of_two();
+            rate = total.div_ceil(MINI_MAX_BLOCKS).next_power_of_two();
         }
         let mini = |gate| Mini::new(log_blocks / rate, ring_blocks / rate, gate);
         Duel { rate_mask: rate - 1, sims: [mini(true), mini(false)], misses: [0.0; 2], gate: false, switches: 0 }

@@ -589,7 +589,15 @@ fn switching_the_eviction_policy_across_restarts() {
 fn stopping_while_the_read_ahead_is_blocked() {
     let r = plain();
     let held = r.bdev.hold(|op, off, len| op == Op::Read && covers(off, len, CHUNK));
-    let p = on_thread(&r.v, |v| v.preload(0, blocks(600), |_| false));
+    // (The caller stops only once the read-ahead's read is held: stopping sooner could win
+    // the race to the read-ahead's stop check, and the read would never come.)
+    let bdev = Arc::clone(&r.bdev);
+    let p = on_thread(&r.v, move |v| {
+        v.preload(0, blocks(600), |_| {
+            bdev.wait_held(held);
+            false
+        })
+    });
     r.bdev.wait_held(held);
     assert!(!finishes_within(&p, 1), "returned with its read-ahead still reading");
     r.bdev.release(held);

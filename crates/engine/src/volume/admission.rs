@@ -105,7 +105,12 @@ impl Volume {
         let Some(a) = &st.admission.adaptive else {
             return if ghost { Route::Log } else { Route::Ring };
         };
-        if !a.wrapped {
+        // (Only while the staged record and one more fit without a reclaim: the misses that
+        // would make the log wrap go to the ring, as in the model. Else a scan right after
+        // open filled the log's last records, and its first reclaim met the hot set that
+        // went in first, before its blocks had read counts: `adversarial_adaptive.rs`.)
+        let record = 1 + self.staging_limit as u64;
+        if !a.wrapped && st.tail + 2 * record + self.reclaim_reserve() <= st.head + self.layout.log_blocks {
             return Route::LogFilling;
         }
         if !ghost {
