@@ -34,7 +34,9 @@ use tiercache_format::constants::{MAX_LOG_BLOCKS, MIN_LOG_SEGMENTS, SUPERBLOCK_S
 use tiercache_format::{FormatError, Layout, Superblock};
 
 mod common;
-use common::holds::{around, covers, crash_and_recover, dirty_durable, join_within, ver, vers, write_n, Dev, Op};
+use common::holds::{
+    around, covers, crash_and_recover, dirty_durable, join_within, ver, vers, write_n, Dev, LateRead, Op,
+};
 use common::*;
 
 const SEG: u32 = 16;
@@ -202,81 +204,6 @@ impl BlockDevice for RingFaults {
     }
     fn describe(&self) -> String {
         "ring-faults".into()
-    }
-}
-
-/// A device that holds the first read covering `block` *after* it read the medium (its
-/// data is what the medium held then), until `release`: a reader delayed between its read
-/// and its admission.
-struct LateRead {
-    inner: Arc<SimDevice>,
-    block: AtomicU64,
-    st: std::sync::Mutex<(bool, bool)>, // (held, released)
-    cv: std::sync::Condvar,
-}
-
-impl LateRead {
-    fn new(inner: &Arc<SimDevice>) -> Arc<LateRead> {
-        Arc::new(LateRead {
-            inner: Arc::clone(inner),
-            block: AtomicU64::new(u64::MAX),
-            st: std::sync::Mutex::new((false, false)),
-            cv: std::sync::Condvar::new(),
-        })
-    }
-    fn arm(&self, block: u64) {
-        self.block.store(block, Ordering::SeqCst);
-    }
-    fn wait_held(&self) {
-        let mut g = self.st.lock().unwrap();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-        while !g.0 {
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
-            assert!(!left.is_zero(), "the late read never came");
-            g = self.cv.wait_timeout(g, left).unwrap().0;
-        }
-    }
-    fn release(&self) {
-        self.st.lock().unwrap().1 = true;
-        self.cv.notify_all();
-    }
-}
-
-impl BlockDevice for LateRead {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        let r = self.inner.read_at(offset, buf);
-        let block = self.block.load(Ordering::SeqCst);
-        if block != u64::MAX && covers(offset, buf.len(), block) {
-            self.block.store(u64::MAX, Ordering::SeqCst);
-            let mut g = self.st.lock().unwrap();
-            g.0 = true;
-            self.cv.notify_all();
-            while !g.1 {
-                g = self.cv.wait(g).unwrap();
-            }
-        }
-        r
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        format!("late:{}", self.inner.describe())
-    }
-    fn atomic_write_bytes(&self) -> u32 {
-        self.inner.atomic_write_bytes()
     }
 }
 
