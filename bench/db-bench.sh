@@ -4,6 +4,8 @@
 #   fast    the raw cache file alone                   tiercache serve --passthrough FILE
 #   slow    the emulated slow backing device alone     tiercache serve --passthrough emulated:PROFILE:FILE
 #   hybrid  the hybrid volume: cache = a file like fast, backing = the emulated slow device
+#           (the default read-cache policy, serve --eviction adaptive)
+#   hybrid-s3fifo  the same, with plain S3-FIFO (serve --eviction s3fifo)
 #   hybrid-fifo  the same, with the read cache's first eviction policy (serve --eviction
 #           fifo: FIFO over the log), to measure the policy against (--targets hybrid,hybrid-fifo)
 #   hybrid-reinsert  the same, with the log alone (serve --eviction reinsert: no probation ring)
@@ -17,7 +19,8 @@
 # Usage: bench/db-bench.sh [--db mariadb|postgres|both] [--seconds 60] [--threads 8]
 #          [--tables 4] [--table-size 50000] [--pg-scale 10] [--slow emulated-profile]
 #          [--volume-size 4G] [--cache-size 1G] [--buffer-pool 64M] [--workdir DIR]
-#          [--targets fast,slow,hybrid[,hybrid-fifo,hybrid-reinsert]] [--record-trace DIR]
+#          [--targets fast,slow,hybrid[,hybrid-s3fifo,hybrid-fifo,hybrid-reinsert]]
+#          [--record-trace DIR]
 # --record-trace DIR: the hybrid servers record every request into DIR/TARGET-DB-N.csv.gz
 # (`serve --record-trace`), for `tiercache replay`.
 # Needs root (loop devices, mounts). Installs mariadb-server, sysbench, postgresql, fuse3.
@@ -106,8 +109,9 @@ setup() {
         slow)
             truncate -s "$VOLUME_SIZE" "$d/dev.img"
             "$TC" serve --passthrough "emulated:$SLOW:$d/dev.img" --fuse "$d/fuse" 2>"$d/serve.log" & ;;
-        hybrid|hybrid-fifo|hybrid-reinsert)
-            local eviction=s3fifo
+        hybrid|hybrid-s3fifo|hybrid-fifo|hybrid-reinsert)
+            local eviction=adaptive
+            [ "$t" = hybrid-s3fifo ] && eviction=s3fifo
             [ "$t" = hybrid-fifo ] && eviction=fifo
             [ "$t" = hybrid-reinsert ] && eviction=reinsert
             truncate -s "$VOLUME_SIZE" "$d/backing.img"
