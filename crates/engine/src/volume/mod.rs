@@ -418,6 +418,12 @@ impl State {
         self.inflight.iter().any(|r| r.map.contains_key(&block))
     }
 
+    /// Whether the newest copy of `block` in a sealed record not yet in the index is clean.
+    fn is_in_flight_clean(&self, block: u64) -> bool {
+        self.inflight.iter().rev().find_map(|r| r.map.get(&block).map(|&k| r.data[k].1 == EntryKind::DataClean))
+            == Some(true)
+    }
+
     fn check_poisoned(&self) -> Result<()> {
         match &self.poisoned {
             Some(reason) => Err(EngineError::Poisoned { reason: reason.clone() }),

@@ -222,6 +222,18 @@ impl Volume {
                         admitted += 1;
                         st.hot_on_install.insert(block);
                     }
+                    // (Staged by `admit_and_confirm`, and sealed since it let go of the lock by
+                    // another thread: a reader writing out a full staging, the background
+                    // thread. Once counted as left out and entered cold: a preload through a
+                    // running server saw 126 of 512 blocks "left out".)
+                    Source::Backing if st.is_in_flight_clean(block) => {
+                        admitted += 1;
+                        st.hot_on_install.insert(block);
+                    }
+                    Source::Backing if st.index.get(block).is_some_and(|e| !e.dirty) => {
+                        admitted += 1;
+                        st.index.set_freq(block, FREQ_MAX);
+                    }
                     Source::Backing => report.left_out_blocks += 1,
                     // (Found staged or in flight when planned: installed by now, perhaps by the
                     // seal above, or still to be.)
