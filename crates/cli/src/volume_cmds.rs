@@ -396,10 +396,15 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         (
             "index RAM",
             format!(
-                "{} ({:.1} bytes per cached block), and {} for the eviction policy's ghost queue",
+                "{} ({:.1} bytes per cached block), and {} for the eviction policy's ghost queue{}",
                 HumanBytes(s.index_ram_bytes),
                 s.index_ram_bytes_per_cached_block,
-                HumanBytes(s.ghost_ram_bytes)
+                HumanBytes(s.ghost_ram_bytes),
+                if s.admission_ram_bytes > 0 {
+                    format!(", {} for its frequency sketch and simulations", HumanBytes(s.admission_ram_bytes))
+                } else {
+                    String::new()
+                }
             ),
         ),
         ("log used", format!("{:.1} %", s.log_used_permille as f64 / 10.0)),
