@@ -144,58 +144,6 @@ def model(trace, cap):
     return misses / reads, log.copies / reads
 
 
-def model_ring(trace, cap, ring_frac=0.1, promote=2, batch=64):
-    """The probation ring in front of the log (see the module doc)."""
-    seg = segment_for(cap)
-    ring_cap = int(cap * ring_frac) // seg * seg
-    if ring_cap < 2 * seg or cap - ring_cap < 8 * seg:
-        ring_cap = 0
-    log_cap = (cap - ring_cap) // seg * seg
-    record = min(168, log_cap // 8)
-    batch = min(batch, max(1, ring_cap // 4))
-    ghosts = Ghosts(log_cap)
-    log = Log(log_cap, seg, lambda b: None)  # (the log's evictions are no ghosts)
-    ring, ring_pos, hits = collections.deque(), {}, {}
-    pending, pending_set = [], set()   # the ring's RAM batch
-    staging = Staging(log, record, lambda s: 0)
-    reads = misses = copies = tick = 0
-
-    for b in trace:
-        reads += 1
-        c = log.count.get(b)
-        if c is not None:
-            log.count[b] = min(3, c + 1)
-            continue
-        if b in staging.held or b in pending_set:
-            continue
-        if b in ring_pos:
-            hits[b] += 1
-            if hits[b] >= promote:
-                del ring_pos[b], hits[b]
-                copies += 1
-                staging.add(b)
-            continue
-        misses += 1
-        if ring_cap == 0 or b in ghosts:
-            staging.add(b)
-            continue
-        pending.append(b)
-        pending_set.add(b)
-        if len(pending) >= batch:
-            while len(ring) + len(pending) > ring_cap:
-                o, t = ring.popleft()
-                if ring_pos.get(o) == t:
-                    del ring_pos[o], hits[o]
-                    ghosts.add(o)
-            for p in pending:
-                tick += 1
-                ring.append((p, tick))
-                ring_pos[p], hits[p] = tick, 0
-            pending.clear()
-            pending_set.clear()
-    return misses / reads, (copies + log.copies) / reads
-
-
 class Sketch:
     """The frequency sketch (frequency.rs): 64-bit words of sixteen 4-bit counters, a word
     per cache block; a block picks one word (multiply-shift) and one counter in each
@@ -238,10 +186,11 @@ class Sketch:
 
 
 class Adaptive:
-    """The `adaptive` policy (volume/admission.rs) at `cap` blocks; `gate` fixed or set by a
-    duel. The same shape as `model_ring`, plus the filling log and the frequency gate."""
+    """The `adaptive` policy (volume/admission.rs) at `cap` blocks: the probation ring in front
+    of the log, plus (`fill`) misses entering the log while it fills, plus (`gate`, fixed or
+    set by a duel) the frequency gate. Without either, the `s3fifo` policy."""
 
-    def __init__(self, cap, gate=False, ring_frac=0.1, promote=2, batch=64):
+    def __init__(self, cap, gate=False, fill=True, ring_frac=0.1, promote=2, batch=64):
         seg = segment_for(cap)
         ring_cap = int(cap * ring_frac) // seg * seg
         if ring_cap < 2 * seg or cap - ring_cap < 8 * seg:
@@ -254,7 +203,7 @@ class Adaptive:
         self.staging = Staging(self.log, self.record, lambda s: 0)
         self.ring, self.ring_pos, self.hits = collections.deque(), {}, {}
         self.pending, self.pending_set = [], set()
-        self.gate, self.promote, self.sketch = gate, promote, Sketch(cap)
+        self.gate, self.fill, self.promote, self.sketch = gate, fill, promote, Sketch(cap)
         self.reads = self.misses = self.copies = self.tick = 0
 
     def filling(self):
@@ -287,7 +236,7 @@ class Adaptive:
                 self.staging.add(b)
             return True
         self.misses += 1
-        if self.ring_cap == 0 or self.filling():
+        if self.ring_cap == 0 or (self.fill and self.filling()):
             self.staging.add(b)
             return False
         if b in self.ghosts and not (self.gate and self.sketch.estimate(b) <= self.victim()):
@@ -308,6 +257,15 @@ class Adaptive:
             self.pending.clear()
             self.pending_set.clear()
         return False
+
+
+def model_ring(trace, cap):
+    """The probation ring in front of the log (see the module doc): `Adaptive` with neither
+    the filling log nor the gate."""
+    p = Adaptive(cap, gate=False, fill=False)
+    for b in trace:
+        p.step(b)
+    return p.misses / p.reads, (p.copies + p.log.copies) / p.reads
 
 
 def model_adaptive(trace, cap, gate='duel'):

@@ -92,8 +92,9 @@ pub struct Status {
     #[serde(default)]
     pub ghost_ram_bytes: u64,
     /// The adaptive policy only (`null` otherwise): whether the frequency gate refuses
-    /// infrequent ghosts now (the duel's choice; false while the log first fills), how often
-    /// that choice changed, and the RAM of the frequency sketch and the duel's two simulations.
+    /// infrequent ghosts now (the duel's choice, off until it finds the gate misses less),
+    /// how often that choice changed, and the RAM of the frequency sketch and the duel's two
+    /// simulations.
     #[serde(default)]
     pub frequency_gate: Option<bool>,
     #[serde(default)]

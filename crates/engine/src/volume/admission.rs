@@ -83,9 +83,11 @@ impl Admission {
         }
     }
 
-    /// Whether the frequency gate applies now (`None` without the adaptive policy).
+    /// Whether the frequency gate applies now (`None` without the adaptive policy): the
+    /// duel's choice, the one `route` consults (a ghost's miss while the log fills enters it
+    /// regardless).
     pub fn gate(&self) -> Option<bool> {
-        self.adaptive.as_ref().map(|a| a.wrapped && a.duel.gate())
+        self.adaptive.as_ref().map(|a| a.duel.gate())
     }
 
     /// Times the duel changed its choice.
