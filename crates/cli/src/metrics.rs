@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 22] = [
+        let counters: [(&str, &str, u64); 24] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -173,6 +173,16 @@ impl Collector for VolumeCollector {
                 "overlapped_record_writes",
                 "Log records whose write began while an older record's was in progress (the pipeline)",
                 c.overlapped_record_writes,
+            ),
+            (
+                "staged_during_record_writes",
+                "Log records written alone while their writer staged the rest of its request",
+                c.staged_during_record_writes,
+            ),
+            (
+                "nested_record_writes",
+                "Log records a lone writer wrote while its previous record's write was in flight",
+                c.nested_record_writes,
             ),
             ("cache_flushes", "Flushes of the cache device", c.cache_flushes),
             ("backing_flushes", "Flushes of the backing device", c.backing_flushes),

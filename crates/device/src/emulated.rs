@@ -362,6 +362,20 @@ impl<D: BlockDevice> BlockDevice for EmulatedDevice<D> {
         Ok(())
     }
 
+    fn write_at_while(&self, offset: u64, buf: &[u8], during: &mut dyn FnMut()) -> Result<()> {
+        // Booked and handed to the file underneath now; `during` runs in the device's service
+        // time, which the wait then completes.
+        if let Err(e) = check_request(self, offset, buf.len() as u64) {
+            during();
+            return Err(e);
+        }
+        let deadline = self.schedule_transfer(offset, buf.len() as u64, true, false);
+        let written = self.inner.write_at(offset, buf);
+        during();
+        precise_wait_until(deadline);
+        written
+    }
+
     fn write_fua_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         check_request(self, offset, buf.len() as u64)?;
         let deadline = self.schedule_transfer(offset, buf.len() as u64, true, true);

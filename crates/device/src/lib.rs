@@ -86,6 +86,18 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Writes `buf` at `offset`. Visible to reads on completion; durable after the next flush.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// `write_at`, running `during` on the calling thread while the write is in flight, and
+    /// returning when both are done: a writer with more to prepare (the engine stages the
+    /// next record's blocks while one record is written) keeps the device busy instead of
+    /// leaving it idle while it computes. `during` runs exactly once, whatever the write's
+    /// outcome, before or after the data lands (the caller may not assume either). The
+    /// fallback writes, then runs `during`; [`FileDevice`] submits the write through io_uring
+    /// and [`EmulatedDevice`] books it, then both run `during` before waiting.
+    fn write_at_while(&self, offset: u64, buf: &[u8], during: &mut dyn FnMut()) -> Result<()> {
+        let written = self.write_at(offset, buf);
+        during();
+        written
+    }
     /// Writes `buf` at `offset` and makes it durable before returning (Force Unit Access).
     /// The fallback is a write then a flush, which is correct but also makes earlier writes
     /// durable; devices with a real FUA path override it.
@@ -147,6 +159,9 @@ macro_rules! forward_block_device {
             }
             fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
                 (**self).write_at(offset, buf)
+            }
+            fn write_at_while(&self, offset: u64, buf: &[u8], during: &mut dyn FnMut()) -> Result<()> {
+                (**self).write_at_while(offset, buf, during)
             }
             fn write_fua_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
                 (**self).write_fua_at(offset, buf)

@@ -12,6 +12,9 @@
 //! (an old kernel, a seccomp filter), the first failure is remembered and every batch falls
 //! back to one read after another.
 //!
+//! A record write goes through the same ring (`write_while`): the writer stages the next
+//! record's blocks while it is in flight.
+//!
 //! The one hazard: requests in flight own the caller's buffers until they complete. So
 //! `readv_batch` never returns while any is in flight; an error from the ring itself with
 //! requests in flight aborts the process rather than return and let the kernel write into
@@ -55,19 +58,8 @@ pub(crate) unsafe fn readv_batch(fd: i32, reads: &[Readv]) -> Option<Vec<io::Res
     }
     RING.with(|cell| {
         let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            match IoUring::new(RING_ENTRIES as u32) {
-                Ok(ring) => *slot = Some(ring),
-                Err(e) => {
-                    // (Only a refusal is for good; running short of memory or descriptors
-                    // may pass, and the next batch tries again.)
-                    if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM | libc::EACCES)) {
-                        note_unavailable(&e);
-                        UNAVAILABLE.store(true, Ordering::Relaxed);
-                    }
-                    return None;
-                }
-            }
+        if !has_ring(&mut slot) {
+            return None;
         }
         let mut results: Vec<io::Result<usize>> = Vec::with_capacity(reads.len());
         for (g, group) in reads.chunks(RING_ENTRIES).enumerate() {
@@ -132,6 +124,93 @@ pub(crate) unsafe fn readv_batch(fd: i32, reads: &[Readv]) -> Option<Vec<io::Res
         }
         Some(results)
     })
+}
+
+/// Creates this thread's ring in `slot` if it has none; false if io_uring is not available.
+fn has_ring(slot: &mut Option<IoUring>) -> bool {
+    if slot.is_none() {
+        match IoUring::new(RING_ENTRIES as u32) {
+            Ok(ring) => *slot = Some(ring),
+            Err(e) => {
+                // (Only a refusal is for good; running short of memory or descriptors may
+                // pass, and the next call tries again.)
+                if matches!(e.raw_os_error(), Some(libc::ENOSYS | libc::EPERM | libc::EACCES)) {
+                    note_unavailable(&e);
+                    UNAVAILABLE.store(true, Ordering::Relaxed);
+                }
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Issues one write of `buf` at `offset` on `fd`, runs `during` while it is in flight, waits
+/// for it and returns its byte count or error; `None`, before anything was issued and
+/// without running `during`, where io_uring is not available (the caller writes with a
+/// syscall instead). `during` may panic: the write is waited for first, then the panic goes
+/// on.
+///
+/// # Safety
+/// `buf` must be valid for reads of its length and satisfy the file's alignment rules (the
+/// same as for `pwrite` on it).
+pub(crate) unsafe fn write_while(
+    fd: i32,
+    offset: u64,
+    buf: &[u8],
+    during: &mut dyn FnMut(),
+) -> Option<io::Result<usize>> {
+    if UNAVAILABLE.load(Ordering::Relaxed) {
+        return None;
+    }
+    // (Taken out of the thread's slot while `during` runs, which may use the ring too.)
+    let mut ring = RING.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if has_ring(&mut slot) {
+            slot.take()
+        } else {
+            None
+        }
+    })?;
+    let entry = opcode::Write::new(types::Fd(fd), buf.as_ptr(), buf.len() as u32).offset(offset).build().user_data(0);
+    // SAFETY: `buf` is borrowed for this whole call, and the call neither returns nor unwinds
+    // before the kernel has completed the write (below).
+    unsafe { ring.submission().push(&entry) }.expect("an idle ring has room");
+    loop {
+        match ring.submit() {
+            Ok(_) => break,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) => continue,
+            // (Taken off the queue: issued after all; the wait below reaps it.)
+            Err(_) if ring.submission().is_empty() => break,
+            Err(e) => {
+                // Never issued: the ring goes, with its entry, and so does io_uring.
+                note_unavailable(&e);
+                UNAVAILABLE.store(true, Ordering::Relaxed);
+                return None;
+            }
+        }
+    }
+    let worked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(&mut *during));
+    let result = loop {
+        if let Some(cqe) = ring.completion().next() {
+            let res = cqe.result();
+            break if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
+        }
+        if let Err(e) = ring.submit_and_wait(1) {
+            if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
+                continue;
+            }
+            // The write owns `buf` until it completes: returning now would let the caller
+            // reuse memory the kernel still reads (see the module header).
+            eprintln!("tiercache: io_uring failed with a write in flight ({e}); aborting");
+            std::process::abort();
+        }
+    };
+    RING.with(|cell| *cell.borrow_mut() = Some(ring));
+    if let Err(panic) = worked {
+        std::panic::resume_unwind(panic);
+    }
+    Some(result)
 }
 
 thread_local! {

@@ -11,7 +11,7 @@ pub const MAX_RECORD_BLOCKS: u64 = 1 + RECORD_ENTRIES as u64;
 /// that fills staging seals it and writes it without waiting for the records before it, so
 /// a stream of large writes keeps this many record writes in flight on the cache device.
 /// Each costs one record buffer (`MAX_RECORD_BLOCKS` blocks) of RAM.
-pub const RECORD_PIPELINE_DEPTH: usize = 4;
+pub const RECORD_PIPELINE_DEPTH: usize = 8;
 
 /// Take a checkpoint when the log written since the last one exceeds this share of the log
 /// (per mille). Smaller: faster recovery, more checkpoint writes.

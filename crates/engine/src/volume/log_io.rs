@@ -4,14 +4,27 @@
 use super::*;
 
 impl Volume {
-    /// Writes whole blocks at a logical log position, splitting at the physical end.
-    pub(super) fn write_log(&self, pos: u64, buf: &[u8]) -> std::result::Result<(), DeviceError> {
+    /// Writes whole blocks at a logical log position, splitting at the physical end, running
+    /// `during` (if any) while the (last) write is in flight (`BlockDevice::write_at_while`;
+    /// it may not run if the first part of a split write fails). Without `during`, a plain
+    /// write: the asynchronous one costs more where there is nothing to overlap.
+    pub(super) fn write_log(
+        &self,
+        pos: u64,
+        buf: &[u8],
+        during: Option<&mut dyn FnMut()>,
+    ) -> std::result::Result<(), DeviceError> {
         let first = self.layout.blocks_before_wrap(pos, (buf.len() / self.bs) as u64) as usize * self.bs;
-        self.cache.write_at(self.layout.log_offset(pos), &buf[..first])?;
-        if first < buf.len() {
-            self.cache.write_at(self.layout.log_offset(pos + (first / self.bs) as u64), &buf[first..])?;
+        let (offset, rest) = if first == buf.len() {
+            (self.layout.log_offset(pos), buf)
+        } else {
+            self.cache.write_at(self.layout.log_offset(pos), &buf[..first])?;
+            (self.layout.log_offset(pos + (first / self.bs) as u64), &buf[first..])
+        };
+        match during {
+            Some(during) => self.cache.write_at_while(offset, rest, during),
+            None => self.cache.write_at(offset, rest),
         }
-        Ok(())
     }
 
     /// Reads the blocks in log slots `slots` into `out` (block `k` from `slots[k]`), in slot

@@ -270,6 +270,14 @@ pub struct Counters {
     /// Records sealed while an older record's write was still in progress (the pipeline).
     #[serde(default)]
     pub overlapped_record_writes: u64,
+    /// Records written alone by a writer that staged the rest of its request meanwhile
+    /// (`BlockDevice::write_at_while`).
+    #[serde(default)]
+    pub staged_during_record_writes: u64,
+    /// Records a lone writer sealed and wrote while its previous record's write was still in
+    /// flight (`try_commit_nested`): two of one request's records in flight at once.
+    #[serde(default)]
+    pub nested_record_writes: u64,
     pub cache_flushes: u64,
     pub destaged_blocks: u64,
     pub backing_flushes: u64,

@@ -113,7 +113,7 @@ impl Volume {
             self.seal_reclaim_record(io, &live, &mut copies, head, new_head)
         };
         let write_started_ns = self.clock.now_ns();
-        let result = self.write_log(pos, &io.copy[..blocks as usize * self.bs]);
+        let result = self.write_log(pos, &io.copy[..blocks as usize * self.bs], None);
         self.cache_io("writing a reclaim record", result)?;
         self.lock().written_tail = pos + blocks;
         self.flush_cache(sabotaged!(self, ReclaimSkipsMarkerFlush))?;

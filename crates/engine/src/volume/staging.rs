@@ -44,7 +44,12 @@ impl Staging {
     }
 
     pub(super) fn data_limit(&self) -> usize {
-        (self.limit * 3 / 4).max(1)
+        Self::data_limit_of(self.limit)
+    }
+
+    /// The data blocks a staging of `limit` entries takes (the rest is room for metadata).
+    pub(super) fn data_limit_of(limit: usize) -> usize {
+        (limit * 3 / 4).max(1)
     }
 
     pub(super) fn has_dirty(&self) -> bool {
