@@ -70,8 +70,10 @@ try:
     print(f"  the log has been written {laps()[0]:.1f} times over")
     print(f"{a.jobs} jobs of 4 KiB random write + FLUSH, {a.rounds} rounds of {a.seconds} s each, alternating")
     print(f"{'round':>5} {'tiercache/s':>12} {'nbdkit/s':>10} {'ratio':>6} {'flush p99 ms':>13} {'nbdkit p99 ms':>14}")
+    _, before = laps()
     for r in range(a.rounds):
         t_iops, t_p99 = fio(tc, a.seconds, a.jobs)
+        _, after = laps()
         k_iops, k_p99 = fio(nk, a.seconds, a.jobs)
         row = {"round": r + 1, "tiercache_iops": round(t_iops), "nbdkit_iops": round(k_iops),
                "ratio": round(t_iops / k_iops, 3), "tiercache_flush_p99_ms": round(t_p99, 2),
@@ -79,6 +81,20 @@ try:
         rounds.append(row)
         print(f"{r + 1:>5} {row['tiercache_iops']:>12} {row['nbdkit_iops']:>10} {row['ratio']:>6.2f} "
               f"{row['tiercache_flush_p99_ms']:>13.2f} {row['nbdkit_flush_p99_ms']:>14.2f}", flush=True)
+        # What tiercache did meanwhile: how dirty the cache ended, and the write-back the round
+        # cost (by the destager, and by reclaim in the writers' path), writes delayed by the
+        # backpressure above the high watermark, and writes that went around the cache.
+        c0, c1 = before["counters"], after["counters"]
+        d = {k: c1.get(k, 0) - c0.get(k, 0) for k in ("destaged_blocks", "reclaim_write_backs", "throttled_writes",
+                                                     "written_around_blocks", "cache_flushes", "flush_requests",
+                                                     "copied_forward_blocks", "reclaimed_blocks")}
+        row.update({"dirty_share_after": round(after["dirty_bytes"] / after["log_bytes"], 3), **d})
+        print(f"      (dirty {row['dirty_share_after']:.0%} after; {d['destaged_blocks'] * 4 // 1024} MiB written back, "
+              f"{d['reclaim_write_backs']} reclaims wrote back, {d['copied_forward_blocks'] * 4 // 1024} MiB copied forward, "
+              f"{d['throttled_writes']} writes delayed, "
+              f"{d['written_around_blocks'] * 4 // 1024} MiB written around, "
+              f"{d['cache_flushes'] / max(1, d['flush_requests']):.2f} cache flushes per FLUSH)", flush=True)
+        before = after
     t1, _ = fio(tc, a.seconds, 1)
     k1, _ = fio(nk, a.seconds, 1)
     print(f"one job: tiercache {t1:.0f}/s, nbdkit {k1:.0f}/s, ratio {t1 / k1:.2f}")

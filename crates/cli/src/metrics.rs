@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 24] = [
+        let counters: [(&str, &str, u64); 25] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -148,6 +148,11 @@ impl Collector for VolumeCollector {
                 "bypassed_blocks_size",
                 "Missed blocks not admitted: their read was larger than the admission limit",
                 c.bypassed_blocks_size,
+            ),
+            (
+                "bypassed_blocks_busy",
+                "Missed blocks not admitted: staging was full, the record writer behind the readers",
+                c.bypassed_blocks_busy,
             ),
             (
                 "bypassed_blocks_sequential",

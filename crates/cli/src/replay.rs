@@ -344,7 +344,7 @@ fn replay_one(
         backing_reads: backing.reads.load(Ordering::Relaxed) - reads0,
         backing_writes: backing.writes.load(Ordering::Relaxed) - writes0,
         admitted_blocks: c.admitted_blocks,
-        bypassed_blocks: c.bypassed_blocks_sequential + c.bypassed_blocks_size,
+        bypassed_blocks: c.bypassed_blocks_sequential + c.bypassed_blocks_size + c.bypassed_blocks_busy,
         reinserted_blocks: c.reinserted_blocks,
         evicted_blocks: c.evicted_blocks,
         probation_admitted_blocks: c.probation_admitted_blocks,

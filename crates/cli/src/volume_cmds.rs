@@ -377,8 +377,11 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         (
             "read misses",
             format!(
-                "{} blocks admitted; left out: {} of long sequential streams, {} of reads over the admission limit",
-                s.counters.admitted_blocks, s.counters.bypassed_blocks_sequential, s.counters.bypassed_blocks_size
+                "{} blocks admitted; left out: {} of long sequential streams, {} of reads over the admission limit, {} while staging was full",
+                s.counters.admitted_blocks,
+                s.counters.bypassed_blocks_sequential,
+                s.counters.bypassed_blocks_size,
+                s.counters.bypassed_blocks_busy
             ),
         ),
         ("lost blocks", s.lost_blocks.to_string()),

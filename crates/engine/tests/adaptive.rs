@@ -187,3 +187,19 @@ fn every_read_returns_the_newest_data_under_the_gate() {
     }
     assert!(v.status().counters.gate_refused_blocks > 0, "{:?}", v.status().counters);
 }
+
+/// Misses that find staging full when their read ends are not admitted, and counted as such
+/// (`bypassed_blocks_busy`): a read never waits for the record writer. Two reads of 64
+/// missed blocks (the admission limit is 256 KiB) on a volume with no background thread:
+/// the second fills staging's 126 data blocks with 62 of its own and leaves 2 out, then
+/// writes the record itself.
+#[test]
+fn misses_finding_staging_full_are_counted_not_admitted() {
+    let (_c, _b, v) = volume(Eviction::Adaptive);
+    let mut buf = vec![0u8; 64 * BS];
+    v.read(0, &mut buf).unwrap();
+    v.read(1000 * BS as u64, &mut buf).unwrap();
+    let c = v.status().counters;
+    assert_eq!((c.admitted_blocks, c.bypassed_blocks_busy, c.records_written), (126, 2, 1), "{c:?}");
+    assert_eq!(read_version(&v, 1063).unwrap(), Some(0));
+}

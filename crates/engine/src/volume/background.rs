@@ -52,7 +52,14 @@ impl Volume {
             let Some(mut io) = self.try_lock_io_to_seal() else { return Ok(()) };
             for _ in 0..META_RECORDS_PER_TICK {
                 self.write_out_pipelined(io)?;
-                if self.lock().pending_meta.len() <= RECORD_ENTRIES {
+                // Again at once while the queue is long, or readers filled staging again
+                // during that write: their further misses are not admitted until it is
+                // written (`bypassed_blocks_busy`), so it is not left for the next wake-up.
+                let again = {
+                    let st = self.lock();
+                    st.pending_meta.len() > RECORD_ENTRIES || st.staging.data.len() >= st.staging.data_limit()
+                };
+                if !again {
                     break;
                 }
                 io = self.lock_io_to_seal();

@@ -261,6 +261,11 @@ pub struct Counters {
     /// Missed blocks not admitted because their read continued a long sequential stream.
     #[serde(default)]
     pub bypassed_blocks_sequential: u64,
+    /// Missed blocks not admitted because staging was full when their read ended: the
+    /// record writer (the background thread) had not yet written out the readers' earlier
+    /// admissions, and a read never waits for that.
+    #[serde(default)]
+    pub bypassed_blocks_busy: u64,
     pub written_blocks: u64,
     pub records_written: u64,
     /// Reads whose cache hits lay in several runs of log slots, read in flight together

@@ -342,6 +342,8 @@ impl Volume {
                                     st.counters.admitted_blocks += 1;
                                     st.counters.filling_admitted_blocks += u64::from(route == Route::LogFilling);
                                     st.probation.forget(block);
+                                } else {
+                                    st.counters.bypassed_blocks_busy += 1;
                                 }
                             }
                             Admit::No(Bypass::Size) => st.counters.bypassed_blocks_size += 1,
