@@ -898,9 +898,11 @@ mod tests {
     fn both_modes(p: &Path) -> Vec<FileDevice> {
         [true, false]
             .into_iter()
-            .filter_map(|direct| match FileDevice::open_with(p, OpenOptions { direct, lock: false, read_only: false }) {
-                Err(DeviceError::DirectIoUnsupported { .. }) => None,
-                r => Some(r.unwrap()),
+            .filter_map(|direct| {
+                match FileDevice::open_with(p, OpenOptions { direct, lock: false, read_only: false }) {
+                    Err(DeviceError::DirectIoUnsupported { .. }) => None,
+                    r => Some(r.unwrap()),
+                }
             })
             .collect()
     }
@@ -1041,7 +1043,7 @@ mod tests {
     // pairs of 4 KiB O_DIRECT writes: 174-209 ms, against 285-328 ms one after the other), so
     // a ring set up and torn down per nested record, some tens of microseconds at most.
     // (Tried five times: a ring another test creates meanwhile cannot make all five fail once
-    // fixed.)
+    // fixed.) Fixed: a second, spare ring per thread (uring.rs `SPARE`).
     #[test]
     fn a_nested_write_with_work_reuses_a_ring_instead_of_creating_one() {
         let _serial = RING_TESTS.lock().unwrap_or_else(|e| e.into_inner());

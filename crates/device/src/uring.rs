@@ -35,6 +35,10 @@ pub(crate) static UNAVAILABLE: AtomicBool = AtomicBool::new(false);
 
 thread_local! {
     static RING: RefCell<Option<IoUring>> = const { RefCell::new(None) };
+    /// A second ring, kept for a write whose work issues a write of its own (the engine's
+    /// nested record, `write_while` inside `write_while`): the outer one holds the first
+    /// ring meanwhile, and without a spare every nested write created a ring.
+    static SPARE: RefCell<Option<IoUring>> = const { RefCell::new(None) };
 }
 
 /// One scatter read: `iovecs` filled in order from `offset`.
@@ -126,8 +130,12 @@ pub(crate) unsafe fn readv_batch(fd: i32, reads: &[Readv]) -> Option<Vec<io::Res
     })
 }
 
-/// Creates this thread's ring in `slot` if it has none; false if io_uring is not available.
+/// Gives this thread's ring to `slot` if it has none (the spare, else a new one); false if io_uring is
+/// not available.
 fn has_ring(slot: &mut Option<IoUring>) -> bool {
+    if slot.is_none() {
+        *slot = SPARE.with(|spare| spare.borrow_mut().take());
+    }
     if slot.is_none() {
         match IoUring::new(RING_ENTRIES as u32) {
             Ok(ring) => *slot = Some(ring),
@@ -206,7 +214,17 @@ pub(crate) unsafe fn write_while(
             std::process::abort();
         }
     };
-    RING.with(|cell| *cell.borrow_mut() = Some(ring));
+    // (Back in the slot, or kept as the spare if the work left a ring there.)
+    RING.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(ring);
+        } else {
+            SPARE.with(|spare| {
+                spare.borrow_mut().get_or_insert(ring);
+            });
+        }
+    });
     if let Err(panic) = worked {
         std::panic::resume_unwind(panic);
     }
