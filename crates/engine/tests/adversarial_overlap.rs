@@ -739,8 +739,8 @@ fn records_of_the_overlap_wrapping_around_the_log_end() {
         // evicts) until the writer's first record starts where the chosen record wraps, with
         // room for both without a reclaim.
         let place = |t: u64| match which {
-            "outer" => t % LOG + REC > LOG && t % LOG != 0,
-            _ => (t + REC) % LOG + REC > LOG && (t + REC) % LOG != 0,
+            "outer" => t % LOG + REC > LOG && !t.is_multiple_of(LOG),
+            _ => (t + REC) % LOG + REC > LOG && !(t + REC).is_multiple_of(LOG),
         };
         // (Where the writer's first record finds too little room, its commit reclaims a segment
         // first, all clean: a reclaim record of one block goes before it.)
