@@ -218,6 +218,9 @@ struct TimedDevice {
     /// Flushes take this many times longer (set per cycle: a RAID5 rebuilding, say).
     flush_scale: Arc<AtomicU64>,
     rng: Mutex<ChaCha8Rng>,
+    /// Where a write's overlapped work runs (`write_at_while`): a stream of its own, so that
+    /// drawing it leaves the latencies' stream as it was.
+    overlap_rng: Mutex<ChaCha8Rng>,
 }
 
 impl TimedDevice {
@@ -267,7 +270,7 @@ impl BlockDevice for TimedDevice {
     fn write_at_while(&self, offset: u64, buf: &[u8], during: &mut dyn FnMut()) -> tiercache_device::Result<()> {
         // In flight while `during` runs: it runs (seeded) before the latency, between the
         // latency and the data landing, or after, and other actors interleave around it.
-        let at = self.rng.lock().expect("rng").gen_range(0..3u8);
+        let at = self.overlap_rng.lock().expect("rng").gen_range(0..3u8);
         if at == 0 {
             during();
         }
@@ -461,6 +464,8 @@ struct Client {
     lap_commits: u64,
     /// Stream profile: the next block to write.
     stream_next: u64,
+    /// The last spans read (up to 16), which a later read may read again.
+    recent_reads: std::collections::VecDeque<(u64, u64)>,
 }
 
 /// The shape of a cycle's client work.
@@ -795,7 +800,20 @@ impl Client {
     fn read_op(&mut self, world: &World, volume: &Volume, cache: &SimDevice, failed_before: u64) -> Result<(), Stop> {
         // Now and then a large read: its cached blocks are read a run of consecutive log slots
         // at a time, while reclaim and write-back move them.
-        let (start, n) = if self.rng.gen_bool(0.25) { self.span(48) } else { self.span(8) };
+        // And now and then a span read lately, again: a miss admitted into the probation ring
+        // and read again there is promoted into the log (S3-FIFO), with crashes among both.
+        let again = !self.recent_reads.is_empty() && self.rng.gen_bool(0.3);
+        let (start, n) = if again {
+            self.recent_reads[self.rng.gen_range(0..self.recent_reads.len())]
+        } else if self.rng.gen_bool(0.25) {
+            self.span(48)
+        } else {
+            self.span(8)
+        };
+        if self.recent_reads.len() == 16 {
+            self.recent_reads.pop_front();
+        }
+        self.recent_reads.push_back((start, n));
         self.read_span(world, volume, cache, failed_before, start, n)
     }
 
@@ -965,6 +983,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
             stall,
             flush_scale: Arc::clone(scale),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed ^ salt)),
+            overlap_rng: Mutex::new(ChaCha8Rng::seed_from_u64(config.seed ^ salt ^ 0x0e71_a900)),
         }) as Arc<dyn BlockDevice>
     };
     // The cache: tens of microseconds. The backing device: an HDD or a RAID5 under load.
@@ -1403,6 +1422,7 @@ fn run_cycle(
             ring: ring_size.min(hi - lo - 1),
             lap_commits: log_blocks / 2,
             stream_next: lo,
+            recent_reads: std::collections::VecDeque::new(),
         };
         if quiet {
             client.redo = Redo::Prefix;
@@ -1767,6 +1787,7 @@ mod adversarial_batch_tests {
             stall: 0.0,
             flush_scale: Arc::new(AtomicU64::new(1)),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(1)),
+            overlap_rng: Mutex::new(ChaCha8Rng::seed_from_u64(2)),
         };
         let (mut a, mut b) = (vec![0u8; 3 * 4096], vec![0u8; 3 * 4096]);
         let before = inner.stats().reads;
