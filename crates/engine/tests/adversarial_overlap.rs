@@ -16,7 +16,7 @@
 //! sealed into the nested record R2, then during R2's write the last 48 staged.
 
 use std::cell::Cell;
-use std::sync::{mpsc, Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use tiercache_device::{BlockDevice, DeviceError, SimDevice};
 use tiercache_engine::{EngineError, Volume};
@@ -250,16 +250,6 @@ fn small() -> (Arc<Ovl>, Arc<SimDevice>, Arc<SimDevice>, Arc<Volume>) {
 const SMALL_LOG: u64 = 256;
 const SMALL_DATA: u64 = 24;
 const RESERVE: u64 = 5;
-
-/// Runs `f` on its own thread and waits at most `secs` for it.
-fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("{what}: no answer within {secs} s (deadlock?)"))
-}
 
 /// Writes blocks `first..first + n` at `version` in one request.
 fn write_n(v: &Volume, first: u64, n: u64, version: u64) -> Result<(), EngineError> {

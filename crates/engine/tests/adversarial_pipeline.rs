@@ -8,7 +8,7 @@
 //! where write-around is involved. Versions: 0 the backing device's initial content.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::time::Duration;
 use tiercache_device::{BlockDevice, FailMode, MonotonicClock, OpKind, SimDevice};
 use tiercache_engine::{Volume, VolumeOptions};
@@ -32,17 +32,6 @@ fn gated() -> (Arc<Gate>, Arc<SimDevice>, Arc<SimDevice>, Arc<Volume>) {
 
 /// One more block than a record's data holds (126): the last one finds staging full and seals.
 const FILL: u64 = 127;
-
-/// Runs `f` on its own thread and waits at most `secs` for it (a deadlock fails the test
-/// instead of hanging it).
-fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = tx.send(f());
-    });
-    rx.recv_timeout(Duration::from_secs(secs))
-        .unwrap_or_else(|_| panic!("{what}: no answer within {secs} s (deadlock?)"))
-}
 
 // ------------------------------------------------------------------------------------------
 // 1. Write-around ending while a rewrite of its block is in a record in flight.

@@ -644,3 +644,14 @@ pub fn reads_by(f: impl FnOnce()) -> u64 {
     let c = syscr();
     c - b - overhead + tiercache_device::ring_reads_on_this_thread() - ring
 }
+
+/// Runs `f` on its own thread and waits at most `secs` for it (a deadlock fails the test
+/// instead of hanging it).
+pub fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("{what}: no answer within {secs} s (deadlock?)"))
+}
