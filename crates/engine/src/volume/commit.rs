@@ -5,6 +5,15 @@
 
 use super::*;
 
+/// What a cache flush covers: the sealed staging buffers, the record sequence and the log
+/// tail written before it was issued.
+#[derive(Clone, Copy)]
+struct FlushCoverage {
+    sealed: u64,
+    seq: u64,
+    tail: u64,
+}
+
 /// A sealed record, between its seal and the end of its write (its `Inflight` entry holds
 /// the rest).
 struct Sealed {
@@ -16,7 +25,10 @@ struct Sealed {
 
 impl Volume {
     /// Makes every write completed before this call durable. Concurrent callers share one
-    /// record write and one cache-device flush (group commit).
+    /// record write and one cache-device flush (group commit). The cache flush runs with the
+    /// io lock let go (the flush gate held instead): the next FLUSH seals and writes its record
+    /// meanwhile, and one that the flush under way covers waits for it instead of issuing
+    /// another.
     pub fn flush(&self) -> Result<()> {
         let target = {
             let mut st = self.lock();
@@ -24,36 +36,73 @@ impl Volume {
             st.counters.flush_requests += 1;
             st.sealed + u64::from(st.staging.has_dirty())
         };
-        let mut io = if sabotaged!(self, FlushIgnoresRecordPipeline) { self.lock_io_to_seal() } else { self.lock_io() };
-        // Writes that went around the cache: a backing flush, then their Trim entries.
-        let trims = self.stage_write_around_trims(&mut io)?;
-        {
-            let st = self.lock();
-            st.check_poisoned()?;
-            // (A Trim staged with a rewrite of a block written around before this FLUSH began
-            // ends that block's older copy: it must be durable too.)
-            let staged_trims = st.staging.meta.iter().any(|m| m.kind == EntryKind::Trim);
-            if st.durable_sealed >= target && !trims && !staged_trims {
-                return Ok(()); // a flush that started after our writes already covered them
+        loop {
+            let mut io =
+                if sabotaged!(self, FlushIgnoresRecordPipeline) { self.lock_io_to_seal() } else { self.lock_io() };
+            // Writes that went around the cache: a backing flush, then their Trim entries.
+            let trims = self.stage_write_around_trims(&mut io)?;
+            {
+                let st = self.lock();
+                st.check_poisoned()?;
+                // (A Trim staged with a rewrite of a block written around before this FLUSH
+                // began ends that block's older copy: it must be durable too.)
+                let staged_trims = st.staging.meta.iter().any(|m| m.kind == EntryKind::Trim);
+                if !trims && !staged_trims {
+                    if st.durable_sealed >= target {
+                        return Ok(()); // a flush that started after our writes already covered them
+                    }
+                    if st.flushing_sealed >= target {
+                        // The cache flush under way covers them: wait for it (it holds the gate).
+                        drop(st);
+                        drop(io);
+                        drop(self.lock_flush_gate());
+                        continue;
+                    }
+                }
             }
+            self.write_out(&mut io)?;
+            let covered = self.flush_coverage();
+            // (Taken with the io lock held: cache flushes begin in the order of what they
+            // cover, and wait for the one before to end.)
+            let gate = self.lock_flush_gate();
+            {
+                let mut st = self.lock();
+                st.flushing_sealed = st.flushing_sealed.max(covered.sealed);
+            }
+            drop(io);
+            let flushed = self.flush_covered(covered, sabotaged!(self, FlushSkipsCacheFlush));
+            drop(gate);
+            return flushed;
         }
-        self.write_out(&mut io)?;
-        self.flush_cache(sabotaged!(self, FlushSkipsCacheFlush))
     }
 
     /// Flushes the cache device; afterwards every record written so far is durable.
     /// Called with the io lock held.
     pub(super) fn flush_cache(&self, skip: bool) -> Result<()> {
+        let covered = self.flush_coverage();
+        self.flush_covered(covered, skip)
+    }
+
+    /// What a cache flush issued now covers: every record written so far, with the io lock
+    /// held and the pipeline drained (asserted).
+    fn flush_coverage(&self) -> FlushCoverage {
         // With the io lock held no record write is in progress: every sequence below
-        // `next_seq` has been written and this flush covers it.
-        let (upto, written_seq, written_tail, drained) = {
+        // `next_seq` has been written and a flush issued after this covers it.
+        let (covered, drained) = {
             let st = self.lock();
-            (st.sealed, st.next_seq - 1, st.written_tail, st.inflight.iter().all(|r| r.done.is_some()))
+            let covered = FlushCoverage { sealed: st.sealed, seq: st.next_seq - 1, tail: st.written_tail };
+            (covered, st.inflight.iter().all(|r| r.done.is_some()))
         };
         // The pipeline is drained: a flush issued while a sealed record is still being
         // written would not cover it, and `durable_sealed` below would count it. (Asserted
         // with the state lock released, so the panic does not poison it.)
         assert!(drained, "a cache flush with a record write in progress");
+        covered
+    }
+
+    /// Flushes the cache device, then records `covered` as durable (unless the volume was
+    /// poisoned meanwhile: no retried fsync).
+    fn flush_covered(&self, covered: FlushCoverage, skip: bool) -> Result<()> {
         if !skip {
             self.cache_io("flushing the cache device", self.cache.flush())?;
         }
@@ -61,10 +110,10 @@ impl Volume {
         // Another thread's failed write or flush poisons the volume: a later successful flush
         // must not report durability (no retried fsync).
         st.check_poisoned()?;
-        st.durable_sealed = st.durable_sealed.max(upto);
+        st.durable_sealed = st.durable_sealed.max(covered.sealed);
         if !skip {
-            st.durable_seq = st.durable_seq.max(written_seq);
-            st.durable_tail = st.durable_tail.max(written_tail);
+            st.durable_seq = st.durable_seq.max(covered.seq);
+            st.durable_tail = st.durable_tail.max(covered.tail);
         }
         st.counters.cache_flushes += 1;
         Ok(())

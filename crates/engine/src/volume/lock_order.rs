@@ -1,4 +1,4 @@
-//! The lock order the module header states (`rmw -> io -> record -> around -> destage ->
+//! The lock order the module header states (`rmw -> io -> flush gate -> record -> around -> destage ->
 //! around-write -> state`, the superblock's lock a leaf), checked: in debug builds and with the `testing` feature (which the
 //! simulators and the engine's tests turn on), each thread keeps the ranks of the locks it
 //! holds, per volume, and taking a lock of a volume whose rank is not above all of that
@@ -14,6 +14,9 @@ use std::ops::{Deref, DerefMut};
 pub(super) enum Rank {
     Rmw,
     Io,
+    /// A FLUSH's cache-device flush under way (`Volume::flush`): taken with the io lock held,
+    /// kept after letting it go.
+    FlushGate,
     /// A record write in progress (`commit.rs`): its writer holds it from the seal to the
     /// end of the write, and the io lock's holders wait on it to drain the pipeline.
     Record,
@@ -50,7 +53,7 @@ mod held {
             if let Some(top) = top {
                 assert!(
                     top < rank,
-                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> record -> around -> destage -> around-write -> state -> superblock)"
+                    "lock order: taking the {rank:?} lock while holding the {top:?} lock of the same volume (rmw -> io -> flush gate -> record -> around -> destage -> around-write -> state -> superblock)"
                 );
             }
         });

@@ -41,7 +41,8 @@
 //!
 //! Locks, always taken in this order: `rmw` (read-modify-write of partial blocks),
 //! `io` (the log writer: records sealed in sequence order; reclaim, checkpoints and FLUSH
-//! with no record write in progress), `record` (a record write in the pipeline, held by its
+//! with no record write in progress), `flush gate` (a FLUSH's cache flush under way, taken
+//! under the io lock and held after it: `Volume::flush`), `record` (a record write in the pipeline, held by its
 //! writer from the seal to the end of the write: `lock_io` waits on it), `around`
 //! (write-arounds begin under it; its other holders wait for those under way, so none runs
 //! between the backing flush that settles them and the checkpoint or reclaim record relying
@@ -359,6 +360,10 @@ struct State {
     /// compares these (not sequence numbers, which reclaim markers also consume).
     sealed: u64,
     durable_sealed: u64,
+    /// The `sealed` count the FLUSH whose cache flush is under way covers (`flush`, which
+    /// holds the `flush_gate` across that cache flush): a FLUSH it covers waits for it instead
+    /// of issuing one more.
+    flushing_sealed: u64,
     /// The highest record sequence known durable (written before a completed cache flush);
     /// each record carries it (`durable_back`) as evidence for recovery.
     durable_seq: u64,
@@ -529,6 +534,10 @@ pub struct Volume {
     options: VolumeOptions,
     /// The log writer's lock; holds its buffers.
     io: Mutex<IoBuffers>,
+    /// Held by a FLUSH across its cache-device flush, taken with the `io` lock held and kept
+    /// after letting it go: the next FLUSH writes its record meanwhile, and a FLUSH covered by
+    /// the one under way waits here (`flush`).
+    flush_gate: Mutex<()>,
     /// Most entries in a record (see `Staging::limit`).
     staging_limit: usize,
     /// The destager's lock; holds the elevator cursor.
@@ -605,6 +614,7 @@ impl Volume {
             staging_limit,
             destage: Mutex::new(0),
             around: Mutex::new(()),
+            flush_gate: Mutex::new(()),
             state: Mutex::new(State {
                 index: r.index,
                 staging: Staging::new(bs, staging_limit),
@@ -618,6 +628,7 @@ impl Volume {
                 last_header_crc: r.last_header_crc,
                 sealed: 0,
                 durable_sealed: 0,
+                flushing_sealed: 0,
                 durable_seq: 0,
                 written_tail: r.tail,
                 durable_tail: r.tail,
@@ -755,6 +766,13 @@ impl Volume {
     /// The write-around lock, with no write-around under way: none begins, and none ends,
     /// between the backing flush that settles them and the checkpoint or reclaim record that
     /// relies on it.
+    /// The FLUSH gate (see `Volume::flush_gate`).
+    fn lock_flush_gate(&self) -> lock_order::Ranked<MutexGuard<'_, ()>> {
+        lock_order::ranked(self.lock_owner(), lock_order::Rank::FlushGate, || {
+            self.flush_gate.lock().expect("flush gate")
+        })
+    }
+
     fn lock_around(&self) -> lock_order::Ranked<MutexGuard<'_, ()>> {
         let around = self.lock_around_to_begin();
         self.wait_for_write_arounds();
