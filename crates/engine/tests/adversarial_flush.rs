@@ -7,7 +7,7 @@
 //! another_flush_is_flushing` (BUG: a FLUSH acknowledges a write-around whose Trim record
 //! another FLUSH is still flushing; it passes on f839a2f^, where that FLUSH held the io lock
 //! across its cache flush). The others pass on f839a2f (most of them need the pipelined FLUSH
-//! and fail or time out on f839a2f^ by design).
+//! and fail or time out on f839a2f^ by design). Fixed since: `trims_sealed` (commit.rs `flush`).
 //! `tiercache torture`: seeds 1..151, 50000..50150, 777000..777100 and `--mode serial` seeds
 //! 1..31 pass; `cargo test --release -p tiercache-sim every_broken_variant_is_caught` passes.
 //!
@@ -61,6 +61,7 @@ fn plain_volume(log_segments: u64) -> (Arc<Dev>, Arc<SimDevice>, Arc<SimDevice>,
 //   assertion `left == right` failed: FLUSH B returned Ok while the Trim record of a
 //   write-around completed before it began was not durable: after a power cut ...
 //   left: [1, 1]  right: [2, 2]
+// Fixed: a FLUSH's target counts the newest record holding Trim entries (`trims_sealed`).
 #[test]
 fn a_flush_does_not_return_before_the_trim_record_another_flush_is_flushing() {
     let (cache, backing) = wa_devices(32, 256);

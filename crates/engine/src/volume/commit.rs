@@ -47,6 +47,11 @@ impl Volume {
                 // (A Trim staged with a rewrite of a block written around before this FLUSH
                 // began ends that block's older copy: it must be durable too.)
                 let staged_trims = st.staging.meta.iter().any(|m| m.kind == EntryKind::Trim);
+                // (The Trims of write-arounds completed before this FLUSH began may have been
+                // settled and sealed since its target was taken, by another FLUSH whose cache
+                // flush, run with the io lock let go, may not have ended: the record holding
+                // the newest Trims counts too. Found by the review of the pipelined FLUSH.)
+                let target = target.max(st.trims_sealed);
                 if !trims && !staged_trims {
                     if st.durable_sealed >= target {
                         return Ok(()); // a flush that started after our writes already covered them
@@ -357,6 +362,7 @@ impl Volume {
         let (spare_data, spare_map) = (std::mem::take(&mut st.spare_data), std::mem::take(&mut st.spare_map));
         let data = std::mem::replace(&mut st.staging.data, spare_data);
         let map = std::mem::replace(&mut st.staging.map, spare_map);
+        let has_trims = st.staging.meta.iter().any(|m| m.kind == EntryKind::Trim);
         st.staging.meta.clear();
         st.staging.first_staged_ns = None;
         // The staged Trims are sealed with the data they came with.
@@ -377,6 +383,9 @@ impl Volume {
         });
         Self::advance_tail(st, blocks, crc);
         st.sealed += 1;
+        if has_trims {
+            st.trims_sealed = st.sealed;
+        }
         let now = self.clock.now_ns();
         if st.age_samples.back().is_none_or(|&(_, t)| now > t + 1_000_000) {
             if st.age_samples.len() == AGE_SAMPLES {

@@ -364,6 +364,11 @@ struct State {
     /// holds the `flush_gate` across that cache flush): a FLUSH it covers waits for it instead
     /// of issuing one more.
     flushing_sealed: u64,
+    /// The `sealed` count of the newest record holding Trim entries (a write-around's, or a
+    /// rewrite's of a block written around): a FLUSH owes the Trims of the write-arounds
+    /// completed before it began, which another FLUSH may have sealed after this one's target
+    /// was taken, and waits until that record is durable too (`flush`).
+    trims_sealed: u64,
     /// The highest record sequence known durable (written before a completed cache flush);
     /// each record carries it (`durable_back`) as evidence for recovery.
     durable_seq: u64,
@@ -629,6 +634,7 @@ impl Volume {
                 sealed: 0,
                 durable_sealed: 0,
                 flushing_sealed: 0,
+                trims_sealed: 0,
                 durable_seq: 0,
                 written_tail: r.tail,
                 durable_tail: r.tail,
@@ -763,9 +769,6 @@ impl Volume {
         }
     }
 
-    /// The write-around lock, with no write-around under way: none begins, and none ends,
-    /// between the backing flush that settles them and the checkpoint or reclaim record that
-    /// relies on it.
     /// The FLUSH gate (see `Volume::flush_gate`).
     fn lock_flush_gate(&self) -> lock_order::Ranked<MutexGuard<'_, ()>> {
         lock_order::ranked(self.lock_owner(), lock_order::Rank::FlushGate, || {
@@ -773,6 +776,9 @@ impl Volume {
         })
     }
 
+    /// The write-around lock, with no write-around under way: none begins, and none ends,
+    /// between the backing flush that settles them and the checkpoint or reclaim record that
+    /// relies on it.
     fn lock_around(&self) -> lock_order::Ranked<MutexGuard<'_, ()>> {
         let around = self.lock_around_to_begin();
         self.wait_for_write_arounds();
