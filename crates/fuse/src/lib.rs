@@ -176,9 +176,10 @@ impl Filesystem for VolumeFs {
         if len == 0 {
             return reply.data(&[]); // at or past the end: end of file
         }
-        let mut buf = vec![0u8; len as usize];
-        match self.volume.read(offset, &mut buf) {
-            Ok(()) => reply.data(&buf),
+        let (mut buf, at) = tiercache_frontend::read_buffer(len as usize);
+        let data = &mut buf[at..at + len as usize];
+        match self.volume.read(offset, data) {
+            Ok(()) => reply.data(data),
             Err(e) => reply.error(Self::errno(e)),
         }
     }
