@@ -25,6 +25,12 @@ fn write(v: &Volume, block: u64, version: u64) {
     v.write(block * BS as u64, &stamps(block, 1, version)).unwrap();
 }
 
+/// A FLUSH on a thread of its own.
+fn flush_in_thread(v: &Arc<Volume>) -> std::thread::JoinHandle<Result<(), tiercache_engine::EngineError>> {
+    let v = Arc::clone(v);
+    std::thread::spawn(move || v.flush())
+}
+
 /// Waits (at most 30 s) until the cache device has taken `n` writes.
 fn wait_for_writes(cache: &SimDevice, n: u64) {
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -43,17 +49,11 @@ fn the_next_flush_writes_its_record_during_the_cache_flush_before() {
     write(&v, 10, 1);
     let before = v.status().counters.cache_flushes;
     let held = dev.hold(|op, _, _| op == Op::Flush);
-    let first = {
-        let v = Arc::clone(&v);
-        std::thread::spawn(move || v.flush())
-    };
+    let first = flush_in_thread(&v);
     dev.wait_held(held);
     let writes = cache.stats().writes;
     write(&v, 20, 1);
-    let second = {
-        let v = Arc::clone(&v);
-        std::thread::spawn(move || v.flush())
-    };
+    let second = flush_in_thread(&v);
     wait_for_writes(&cache, writes + 1);
     assert!(!finishes_within(&second, 1), "the second FLUSH returned before any cache flush covering its write");
     dev.release(held);
@@ -74,15 +74,9 @@ fn a_flush_the_one_under_way_covers_waits_for_it() {
     write(&v, 10, 1);
     let before = v.status().counters.cache_flushes;
     let held = dev.hold(|op, _, _| op == Op::Flush);
-    let first = {
-        let v = Arc::clone(&v);
-        std::thread::spawn(move || v.flush())
-    };
+    let first = flush_in_thread(&v);
     dev.wait_held(held);
-    let second = {
-        let v = Arc::clone(&v);
-        std::thread::spawn(move || v.flush())
-    };
+    let second = flush_in_thread(&v);
     assert!(!finishes_within(&second, 1), "the second FLUSH returned before the cache flush covering it ended");
     dev.release(held);
     join_within(first, 30, "first FLUSH").unwrap();
@@ -102,15 +96,9 @@ fn a_failing_cache_flush_fails_the_flush_waiting_for_it() {
     write(&v, 10, 1);
     let held = dev.hold(|op, _, _| op == Op::Flush);
     cache.fail_after(Some(OpKind::Flush), 0, FailMode::Once);
-    let first = {
-        let v = Arc::clone(&v);
-        std::thread::spawn(move || v.flush())
-    };
+    let first = flush_in_thread(&v);
     dev.wait_held(held);
-    let second = {
-        let v = Arc::clone(&v);
-        std::thread::spawn(move || v.flush())
-    };
+    let second = flush_in_thread(&v);
     assert!(!finishes_within(&second, 1));
     dev.release(held);
     assert!(join_within(first, 30, "first FLUSH").is_err());
