@@ -43,11 +43,12 @@ impl Volume {
     /// metadata-only records (a block holds 168 of them), so that a crash does not make
     /// recovery write back again what was already written back.
     fn write_out_in_background(&self, stale: bool) -> Result<()> {
-        let (meta_backlog, full) = {
+        // A long MarkClean queue, or a staging readers filled.
+        let due = || {
             let st = self.lock();
-            (st.pending_meta.len() > RECORD_ENTRIES, st.staging.data.len() >= st.staging.data_limit())
+            st.pending_meta.len() > RECORD_ENTRIES || st.staging.data_full()
         };
-        if stale || meta_backlog || full {
+        if stale || due() {
             // (In the pipeline: writers sealing the next records need not wait for these.)
             let Some(mut io) = self.try_lock_io_to_seal() else { return Ok(()) };
             for _ in 0..META_RECORDS_PER_TICK {
@@ -55,11 +56,7 @@ impl Volume {
                 // Again at once while the queue is long, or readers filled staging again
                 // during that write: their further misses are not admitted until it is
                 // written (`bypassed_blocks_busy`), so it is not left for the next wake-up.
-                let again = {
-                    let st = self.lock();
-                    st.pending_meta.len() > RECORD_ENTRIES || st.staging.data.len() >= st.staging.data_limit()
-                };
-                if !again {
+                if !due() {
                     break;
                 }
                 io = self.lock_io_to_seal();

@@ -136,7 +136,7 @@ impl Volume {
         {
             let st = self.lock();
             st.check_poisoned()?;
-            if st.staging.entries() + 2 <= st.staging.limit && st.staging.data.len() < st.staging.data_limit() {
+            if st.staging.entries() + 2 <= st.staging.limit && !st.staging.data_full() {
                 return Ok(());
             }
         }
@@ -161,16 +161,7 @@ impl Volume {
         let alone = st.inflight.iter().all(|r| r.done.is_some());
         let during = during.filter(|_| alone);
         st.counters.staged_during_record_writes += u64::from(during.is_some());
-        let sealed = self.seal_staging(&mut st);
-        drop(st);
-        // Taken before the io lock is let go: whoever takes the io lock next and needs the
-        // log quiet waits for this write (`drain_records`).
-        let writing = Arc::clone(&sealed.writing);
-        let write = self.lock_record_write(&writing);
-        drop(io);
-        let written = self.write_sealed(sealed, during);
-        drop(write);
-        written?;
+        self.seal_and_write(st, io, false, during)?;
         if self.checkpoint_due() {
             let _io = self.lock_io();
             if self.checkpoint_due() {
@@ -298,17 +289,35 @@ impl Volume {
             return Ok(false);
         }
         st.counters.nested_record_writes += 1;
+        self.seal_and_write(st, io, true, Some(during)).map(|()| true)
+    }
+
+    /// Seals staging (`st`, room made) and writes the record in the pipeline: its record lock
+    /// is taken before the io lock (`io`) is let go, so that whoever takes the io lock next
+    /// and needs the log quiet waits for this write (`drain_records`). `nested`: this thread
+    /// already holds another record's lock (`try_commit_nested`); the new one is taken by a
+    /// try, which cannot fail, since only holders of the io lock (this thread) wait on record
+    /// locks.
+    fn seal_and_write(
+        &self,
+        mut st: StateGuard<'_>,
+        io: IoGuard<'_>,
+        nested: bool,
+        during: Option<&mut dyn FnMut()>,
+    ) -> Result<()> {
         let sealed = self.seal_staging(&mut st);
         drop(st);
         let writing = Arc::clone(&sealed.writing);
-        // Nobody else can hold a record lock just sealed: only holders of the io lock (this
-        // thread) wait on record locks.
-        let write = lock_order::try_ranked(self.lock_owner(), lock_order::Rank::Record, || writing.try_lock().ok())
-            .expect("a record just sealed is unlocked");
+        let write = if nested {
+            lock_order::try_ranked(self.lock_owner(), lock_order::Rank::Record, || writing.try_lock().ok())
+                .expect("a record just sealed is unlocked")
+        } else {
+            self.lock_record_write(&writing)
+        };
         drop(io);
-        let written = self.write_sealed(sealed, Some(during));
+        let written = self.write_sealed(sealed, during);
         drop(write);
-        written.map(|()| true)
+        written
     }
 
     /// The header of the next record at the tail, naming `head_position` as the head and

@@ -526,7 +526,7 @@ impl Volume {
     fn commit_if_staging_full(&self) {
         let full = {
             let st = self.lock();
-            st.staging.data.len() >= st.staging.data_limit()
+            st.staging.data_full()
         };
         if full && !self.wake_background() {
             if let Some(mut io) = self.try_lock_io() {

@@ -47,6 +47,11 @@ impl Staging {
         Self::data_limit_of(self.limit)
     }
 
+    /// Whether the data part is full (no block can be put, however much metadata room is left).
+    pub(super) fn data_full(&self) -> bool {
+        self.data.len() >= self.data_limit()
+    }
+
     /// The data blocks a staging of `limit` entries takes (the rest is room for metadata).
     pub(super) fn data_limit_of(limit: usize) -> usize {
         (limit * 3 / 4).max(1)
@@ -76,7 +81,7 @@ impl Staging {
             None => {
                 // A quarter of each record is kept for metadata, so MarkClean entries are
                 // never starved by a stream of writes.
-                if self.entries() >= self.limit || self.data.len() >= self.data_limit() {
+                if self.entries() >= self.limit || self.data_full() {
                     return false;
                 }
                 self.data.push((block, kind, crc));

@@ -58,13 +58,13 @@ impl Volume {
             // staged (and checksummed) while that record is in flight, so that a lone large
             // writer keeps the cache device busy (issue 13: a 1 MiB write at queue depth 1 ran
             // at 0.74-0.78 of the raw device with the two done one after the other).
-            let mut staged = Ok(());
             if chunks.len() - i < Staging::data_limit_of(self.staging_limit) / 2 {
                 // (Too little left to pay for the overlap: an asynchronous write costs the
                 // device layer more than staging a few blocks.)
                 self.commit(None)?;
                 continue;
             }
+            let mut staged = Ok(());
             self.commit(Some(&mut || {
                 if staged.is_ok() && i < chunks.len() {
                     staged = stage(&mut i);
