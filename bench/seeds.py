@@ -183,25 +183,27 @@ def settle_time(series, window=None, band=0.25):
 
 
 class Cleanup:
+    """Undo steps, run in reverse order on any exit. A token names one step for good (ids are
+    never reused), so a step popped by its owner after `run_all` has begun is a no-op."""
+
     def __init__(self):
-        self.stack = []
+        self.steps = {}  # token -> (what, fn), in insertion order
+        self.next = 0
 
     def push(self, what, fn):
-        self.stack.append((what, fn))
-        return len(self.stack) - 1
+        self.next += 1
+        self.steps[self.next] = (what, fn)
+        return self.next
 
     def pop(self, token):
         """Runs one undo now (out of order is fine: each undo is idempotent)."""
-        what, fn = self.stack[token]
-        self.stack[token] = (what, None)
-        if fn:
-            fn()
+        step = self.steps.pop(token, None)
+        if step:
+            step[1]()
 
     def run_all(self):
-        while self.stack:
-            what, fn = self.stack.pop()
-            if fn is None:
-                continue
+        while self.steps:
+            what, fn = self.steps.pop(next(reversed(self.steps)))
             try:
                 fn()
             except Exception as e:  # keep undoing the rest
@@ -256,7 +258,9 @@ class Stack:
             return self.device
         return f"cache {self.cache} + backing {self.backing}"
 
-    def up(self, mkfs_size=None):
+    def up(self, mkfs_size=None, mount=True):
+        """Serves the volume and attaches its loop device; mounts its ext4 unless `mount` is
+        False (a kernel cache's slow device: the block device is what it needs)."""
         os.makedirs(self.fuse, exist_ok=True)
         os.makedirs(self.mnt, exist_ok=True)
         tc = self.ctx.tc
@@ -291,7 +295,8 @@ class Stack:
         self.loop = run(["losetup", "--direct-io=on", "--show", "-f", vol]).strip()
         if mkfs_size is not None:
             run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", self.loop, f"{mkfs_size // 1024}k"])
-        run(["mount", self.loop, self.mnt])
+        if mount:
+            run(["mount", self.loop, self.mnt])
         return self
 
     def down(self):
@@ -329,6 +334,246 @@ class Stack:
         out = subprocess.run([self.ctx.tc, "status", "--cache", self.cache, "--control", self.control, "--json"],
                              capture_output=True, text=True, timeout=30)
         return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def sectors(dev):
+    return int(run(["blockdev", "--getsz", dev]).strip())
+
+
+def write_sysfs(path, value):
+    with open(path, "w") as f:
+        f.write(str(value))
+
+
+class KernelStack:
+    """One volume on a kernel cache (dm-writecache, dm-cache or bcache) over a fast and a slow
+    device, mounted as ext4: the extra rows where the kernel has them. Same interface as Stack
+    (up, down, close, status, dir, mnt), so MariaDB and sysbench run on it the same way.
+
+    FAST and SLOW are what `serve` takes. A real block device is used as it is; a plain file
+    becomes a loop device with direct I/O (so the kernel cache reaches its fast device without
+    a user-space frontend in between, as it would on a server); an emulated profile
+    (`emulated:hdd:FILE`) is served by `tiercache serve --passthrough --fuse` with a loop device
+    over that file (the emulation lives in tiercache: the slow-alone volume takes the same
+    path). dm-writecache and dm-cache are bolted onto the slow device's existing ext4, as
+    tiercache is. bcache cannot be: `make-bcache -B` writes its superblock where the file
+    system starts, so the backing device is formatted for bcache and IMAGE (the staged ext4) is
+    copied in through /dev/bcacheN, which hides those first 8 KiB.
+
+    `settings`: dm-writecache's optional arguments (high_watermark, low_watermark, ...).
+    `clean_on_down`: write every dirty block back before taking the cache apart (real devices,
+    where the backing device must hold the database for the next row); on files the cache's
+    dirty data is simply dropped with them.
+    """
+
+    def __init__(self, ctx, name, kind, fast, slow, cache_size=None, image=None, settings=None,
+                 clean_on_down=False, mount=True):
+        assert kind in KERNEL_CACHES
+        self.ctx, self.name, self.kind = ctx, name, kind
+        self.fast, self.slow, self.cache_size, self.image = fast, slow, cache_size, image
+        self.settings = dict(settings or {})
+        self.clean_on_down, self.mount = clean_on_down, mount
+        self.dir = os.path.join(ctx.workdir, name)
+        self.mnt = os.path.join(self.dir, "mnt")
+        self.dm = "tcseeds-" + re.sub(r"[^a-z0-9]+", "-", name.lower())  # dmsetup names
+        self.parts = []  # what `down` undoes, in reverse: (what, fn)
+        self.dev = None
+        self.bcache = None
+        self.token = None
+
+    def describe(self):
+        return f"{self.kind}: cache {self.fast} + backing {self.slow}"
+
+    def _block_device(self, spec, role, size=None):
+        """A block device for SPEC (see the class doc)."""
+        if spec.startswith("/dev/"):
+            return spec
+        if spec.startswith("emulated:"):
+            st = Stack(self.ctx, f"{self.name}-{role}", "passthrough", device=spec)
+            self.parts.append((f"{role} server", lambda: (st.down(), st.close())))
+            return st.up(mount=False).loop
+        if size is not None:
+            with open(spec, "ab") as f:
+                f.truncate(size)
+        loop = run(["losetup", "--direct-io=on", "--show", "-f", spec]).strip()
+        self.parts.append((f"{role} loop", lambda: run(["losetup", "-d", loop], check=False)))
+        return loop
+
+    def _dmsetup_create(self, name, table):
+        run(["dmsetup", "create", name, "--table", table])
+        self.parts.append((f"dm {name}", lambda: self._dm_remove(name)))
+        run(["dmsetup", "mknodes", name], check=False)
+        return f"/dev/mapper/{name}"
+
+    @staticmethod
+    def _dm_remove(name):
+        for _ in range(50):
+            if subprocess.run(["dmsetup", "info", name], capture_output=True).returncode != 0:
+                return
+            if subprocess.run(["dmsetup", "remove", name], capture_output=True).returncode == 0:
+                return
+            time.sleep(0.2)
+        run(["dmsetup", "remove", "--force", name], check=False)
+
+    def up(self):
+        os.makedirs(self.mnt, exist_ok=True)
+        self.token = CLEANUP.push(f"kernel cache {self.name}", self.down)
+        fast_size = parse_size(self.cache_size) if self.cache_size and not self.fast.startswith("/dev/") else None
+        if fast_size and self.fast.startswith("emulated:"):
+            path = self.fast.split(":", 2)[2]
+            with open(path, "ab") as f:
+                f.truncate(fast_size)
+        fast = self._block_device(self.fast, "fast", fast_size)
+        slow = self._block_device(self.slow, "slow")
+        # A cache device that held something else must not be taken for a cache of this volume.
+        run(["dd", "if=/dev/zero", f"of={fast}", "bs=1M", "count=8", "oflag=direct", "status=none"])
+        if self.kind == "dm-writecache":
+            opts = [f"{k} {v}" for k, v in self.settings.items()]
+            args = " ".join(opts)
+            n = 2 * len(opts)
+            self.dev = self._dmsetup_create(self.dm, f"0 {sectors(slow)} writecache s {slow} {fast} 4096 {n} {args}".rstrip())
+        elif self.kind == "dm-cache":
+            # Metadata: 8 MiB, or 1/256 of the cache if larger (4 MiB + 16 bytes per block is
+            # what it needs); blocks of 64 KiB, lvmcache's default; smq, write-back.
+            total = sectors(fast)
+            meta = max(16384, total // 256 // 8 * 8)
+            mdev = self._dmsetup_create(self.dm + "-meta", f"0 {meta} linear {fast} 0")
+            ddev = self._dmsetup_create(self.dm + "-data", f"0 {total - meta} linear {fast} {meta}")
+            self.table = f"0 {sectors(slow)} cache {mdev} {ddev} {slow} 128 1 writeback smq 0"
+            self.dev = self._dmsetup_create(self.dm, self.table)
+        else:
+            run(["dd", "if=/dev/zero", f"of={slow}", "bs=1M", "count=8", "oflag=direct", "status=none"])
+            run(["make-bcache", "--wipe-bcache", "-C", fast, "-B", slow, "--writeback"])
+            for d in (fast, slow):
+                subprocess.run(["sh", "-c", f"echo {d} > /sys/fs/bcache/register"], capture_output=True)
+            name = os.path.basename(slow)
+            for _ in range(100):
+                found = [b for b in os.listdir("/sys/block") if b.startswith("bcache")
+                         and os.path.exists(f"/sys/block/{b}/slaves/{name}")]
+                if found:
+                    break
+                time.sleep(0.2)
+            else:
+                raise RuntimeError(f"{self.name}: bcache did not come up over {slow}")
+            self.bcache = found[0]
+            fastname = os.path.basename(fast)
+            self.parts.append(("bcache", lambda: self._bcache_stop(fastname)))
+            self.dev = f"/dev/{self.bcache}"
+            sysfs = f"/sys/block/{self.bcache}/bcache"
+            for _ in range(50):
+                if os.path.exists(f"{sysfs}/cache"):  # attached to its cache set
+                    break
+                time.sleep(0.2)
+            if self.image:
+                # The image goes straight to the backing device, not through the cache.
+                write_sysfs(f"{sysfs}/cache_mode", "none")
+                log(f"{self.name}: copying the image into {self.dev} (bcache's superblock took the device's start)")
+                run(["dd", f"if={self.image}", f"of={self.dev}", "bs=4M", "conv=sparse,fsync", "oflag=direct",
+                     "status=none"])
+                write_sysfs(f"{sysfs}/cache_mode", "writeback")
+        if self.mount:
+            run(["mount", self.dev, self.mnt])
+        return self
+
+    def _bcache_stop(self, fastname):
+        if self.clean_on_down and self.bcache:
+            # Write back: no dirty data may stay behind on a real backing device.
+            sysfs = f"/sys/block/{self.bcache}/bcache"
+            if os.path.exists(sysfs):
+                write_sysfs(f"{sysfs}/writeback_percent", 0)
+                write_sysfs(f"{sysfs}/cache_mode", "writethrough")
+                self._wait(lambda: re.fullmatch(r"0(\.0+)?[kMGT]?", open(f"{sysfs}/dirty_data").read().strip()),
+                           "bcache write-back")
+        if self.bcache and os.path.exists(f"/sys/block/{self.bcache}/bcache/stop"):
+            write_sysfs(f"/sys/block/{self.bcache}/bcache/stop", 1)
+        cset = f"/sys/block/{fastname}/bcache/set"
+        if os.path.exists(cset):
+            write_sysfs(os.path.join(os.path.realpath(cset), "stop"), 1)
+        self._wait(lambda: not os.path.exists(f"/sys/block/{fastname}/bcache")
+                   and not (self.bcache and os.path.exists(f"/sys/block/{self.bcache}")), "bcache to stop")
+        self.bcache = None
+
+    def _wait(self, done, what, seconds=3600):
+        deadline = time.monotonic() + seconds
+        while not done():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name}: {what} did not finish in {seconds} s")
+            time.sleep(0.5)
+
+    def _clean_dm(self):
+        """Writes every dirty block back before the dm cache is removed (real devices)."""
+        if self.kind == "dm-writecache":
+            run(["dmsetup", "message", self.dm, "0", "flush_on_suspend"])
+            run(["dmsetup", "suspend", self.dm])  # returns once written back
+        elif self.kind == "dm-cache":
+            run(["dmsetup", "suspend", self.dm])
+            run(["dmsetup", "reload", self.dm, "--table", self.table.replace("writeback smq 0", "writeback cleaner 0")])
+            run(["dmsetup", "resume", self.dm])
+            self._wait(lambda: self.dm_status()[13] == "0", "dm-cache write-back (cleaner policy)")
+
+    def warm(self, paths):
+        """Reads the files under PATHS twice with direct I/O (bcache's sequential cutoff lifted
+        meanwhile, or it would pass the reads by)."""
+        sysfs = f"/sys/block/{self.bcache}/bcache/sequential_cutoff" if self.bcache else None
+        cutoff = open(sysfs).read().strip() if sysfs else None
+        if sysfs:
+            write_sysfs(sysfs, 0)
+        for _ in range(2):
+            for root in paths:
+                for d, _, fs in os.walk(root):
+                    for f in fs:
+                        run(["dd", f"if={os.path.join(d, f)}", "of=/dev/null", "bs=1M", "iflag=direct",
+                             "status=none"], check=False)
+        if sysfs:
+            write_sysfs(sysfs, parse_size(cutoff))
+
+    def dm_status(self):
+        return run(["dmsetup", "status", self.dm]).split()
+
+    def down(self):
+        if self.dev:
+            for _ in range(50):
+                if subprocess.run(["mountpoint", "-q", self.mnt]).returncode != 0:
+                    break
+                if subprocess.run(["umount", self.mnt], capture_output=True).returncode == 0:
+                    break
+                time.sleep(0.2)
+            else:
+                run(["umount", "-l", self.mnt], check=False)
+            if self.clean_on_down and self.kind != "bcache":
+                self._clean_dm()
+            self.dev = None
+        while self.parts:
+            what, fn = self.parts.pop()
+            try:
+                fn()
+            except Exception as e:  # undo the rest anyway
+                log(f"{self.name}: taking down {what}: {e}")
+
+    def close(self):
+        if self.token is not None:
+            CLEANUP.pop(self.token)
+            self.token = None
+
+    def status(self):
+        """Read hits and misses as the kernel cache counts them (requests, not blocks; none for
+        dm-writecache before Linux 5.15, which does not count reads), in `status`'s shape."""
+        try:
+            if self.kind == "dm-cache":
+                f = self.dm_status()
+                h, m = int(f[7]), int(f[8])
+            elif self.kind == "dm-writecache":
+                f = self.dm_status()
+                if len(f) < 9:
+                    return None
+                reads, h = int(f[7]), int(f[8])
+                m = reads - h
+            else:
+                base = f"/sys/block/{self.bcache}/bcache/stats_total"
+                h, m = (int(open(f"{base}/{k}").read()) for k in ("cache_hits", "cache_misses"))
+        except (RuntimeError, OSError, ValueError, IndexError):
+            return None
+        return {"counters": {"read_hit_blocks": h, "read_miss_blocks": m}}
 
 
 class StatusSampler(threading.Thread):
@@ -576,6 +821,13 @@ class Ctx:
         self.params = base
         self.workdir = os.path.join(args.workdir, experiment)
         self.devdir = os.path.join(self.workdir, "devices")
+        self.kernel = kernel_caches(args.kernel_caches)
+        if self.real:
+            # bcache would take the start of the real backing device (see KernelStack).
+            if "bcache" in self.kernel["used"]:
+                self.kernel["used"].remove("bcache")
+                self.kernel["note"] += ("; bcache left out on real devices: make-bcache would take the start "
+                                        "of the backing device, which holds the staged database")
 
     def begin(self, needs_second_slow):
         """The work folder for device files, and the volume size; None (the experiment is
@@ -631,19 +883,99 @@ class Ctx:
             run(["cp", "--sparse=always", src, dst])
 
 
-def kernel_caches():
-    """Whether dm-cache, dm-writecache and bcache can be set up here, and why not."""
-    have = {}
-    for name, module in (("dm-cache", "dm_cache"), ("dm-writecache", "dm_writecache"), ("bcache", "bcache")):
-        ok = os.path.exists(f"/sys/module/{module}") or (shutil.which("modprobe") is not None and subprocess.run(
-            ["modprobe", "-q", module], capture_output=True).returncode == 0)
-        have[name] = ok
-    if any(have.values()):
-        why = ("the kernel has " + ", ".join(k for k, v in have.items() if v)
-               + ", but this script does not set them up yet: rows for them are not measured")
+def kernel_volume(ctx, kind, image, size, cache_size, tag="", fast_profile=None, settings=None, mount=True):
+    """A kernel cache volume, up and mounted. On files it gets a fresh copy of IMAGE on its own
+    slow file (the emulated profile) and its own cache file of CACHE_SIZE (`fast_profile`: an
+    emulated profile for it too), deleted when it goes down; on real devices it runs on --cache
+    and --backing, which hold the database the hybrid left (see `flush_real_hybrid`), and writes
+    back all it holds when it goes down, for the next one."""
+    name = kind + tag
+    if ctx.real:
+        return KernelStack(ctx, name, kind, ctx.args.cache, ctx.args.backing, settings=settings,
+                           clean_on_down=True).up()
+    slow, cache = ctx.file(f"{name}-slow.img"), ctx.file(f"{name}-cache.img")
+    if kind == "bcache" or image is None:
+        with open(slow, "wb") as f:
+            f.truncate(size + MIB)  # room for bcache's header; the image is copied in
     else:
-        why = f"not run: this kernel ({os.uname().release}) has no dm-cache, dm-writecache or bcache modules"
-    return dict(available=have, note=why)
+        ctx.copy_image(image, slow, size)
+    fast = f"emulated:{fast_profile}:{cache}" if fast_profile else cache
+    st = KernelStack(ctx, name, kind, fast, ctx.slow(slow), cache_size=cache_size, image=image, settings=settings,
+                     mount=mount)
+    st.parts.append(("files", lambda: [os.unlink(f) for f in (slow, cache) if os.path.exists(f)]))
+    return st.up()
+
+
+def kernel_volumes(ctx, image, size, cache_size, **kw):
+    """Each kernel cache the run uses (ctx.kernel["used"]), one at a time (`kernel_volume`),
+    taken down when the caller asks for the next."""
+    for kind in ctx.kernel["used"]:
+        phase(f"{ctx.experiment}: {kind}")
+        st = kernel_volume(ctx, kind, image, size, cache_size, **kw)
+        log(f"{kind}: {st.describe()}")
+        yield st
+        st.down()
+        st.close()
+
+
+def flush_real_hybrid(ctx, cache, backing):
+    """On real devices, before a kernel cache takes them: the hybrid's dirty data written back
+    (`tiercache flush`), so the backing device alone holds the database."""
+    if ctx.real and ctx.kernel["used"]:
+        log(f"writing the hybrid's dirty data back to {backing} (tiercache flush) for the kernel caches")
+        run([ctx.tc, "flush", "--cache", cache, "--backing", backing])
+
+
+def pristine_image(ctx, image, size):
+    """A copy of the staged image for the kernel caches' rows (files only; None otherwise)."""
+    if ctx.real or not ctx.kernel["used"]:
+        return None
+    copy = ctx.file("image-pristine.img")
+    ctx.copy_image(image, copy, size)
+    return copy
+
+
+KERNEL_CACHES = ("dm-writecache", "dm-cache", "bcache")
+KERNEL_COLORS = ["tab:purple", "tab:brown", "tab:cyan"]  # their lines in every chart, in that order
+# What each needs: kernel modules (loaded if they can be) and a user-space tool.
+KERNEL_NEEDS = {"dm-writecache": (["dm_writecache"], "dmsetup"),
+                "dm-cache": (["dm_cache", "dm_cache_smq"], "dmsetup"),
+                "bcache": (["bcache"], "make-bcache")}
+
+
+def kernel_caches(wanted="auto"):
+    """Which of dm-writecache, dm-cache and bcache run here as extra rows, and why the others
+    do not. `wanted`: "auto" (every one the kernel has), "none", or a comma-separated list
+    (one that cannot be set up is then an error, not a silent gap)."""
+    names = [] if wanted == "none" else list(KERNEL_CACHES) if wanted == "auto" else wanted.split(",")
+    for n in names:
+        if n not in KERNEL_CACHES:
+            sys.exit(f"seeds: --kernel-caches: unknown {n!r} (dm-writecache, dm-cache, bcache, auto or none)")
+    have, why_not = {}, {}
+    for name in KERNEL_CACHES:
+        modules, tool = KERNEL_NEEDS[name]
+        missing = [m for m in modules if not os.path.exists(f"/sys/module/{m}") and not (
+            shutil.which("modprobe") and subprocess.run(["modprobe", "-q", m], capture_output=True).returncode == 0)]
+        if missing:
+            why_not[name] = f"no {', '.join(missing)} module in kernel {os.uname().release}"
+        elif not shutil.which(tool):
+            why_not[name] = f"no {tool} (Debian: {'dmsetup' if tool == 'dmsetup' else 'bcache-tools'})"
+        have[name] = name not in why_not
+    used = [n for n in names if have[n]]
+    if wanted not in ("auto", "none"):
+        bad = [f"{n}: {why_not[n]}" for n in names if not have[n]]
+        if bad:
+            sys.exit("seeds: --kernel-caches: cannot set up " + "; ".join(bad))
+    if wanted == "none":
+        note = "not run (--kernel-caches none)"
+    elif used:
+        note = ("measured as extra rows: " + ", ".join(used)
+                + "".join(f"; {n} left out: {why_not[n]}" for n in KERNEL_CACHES if n in why_not))
+    elif len(why_not) == len(KERNEL_CACHES) and all("module" in w for w in why_not.values()):
+        note = f"not run: this kernel ({os.uname().release}) has no dm-cache, dm-writecache or bcache modules"
+    else:
+        note = "not run: " + "; ".join(f"{n}: {why_not[n]}" for n in KERNEL_CACHES if n in why_not)
+    return dict(available=have, used=used, note=note)
 
 
 def base_result(ctx):
@@ -653,7 +985,7 @@ def base_result(ctx):
     return dict(experiment=ctx.experiment, date=datetime.date.today().isoformat(),
                 commit=commit + ("+changes" if dirty else ""), host=os.uname().nodename, cpus=os.cpu_count(),
                 slow_profile=None if ctx.real else ctx.args.slow, real_devices=ctx.real,
-                quick=ctx.args.quick, scale=ctx.args.scale, params=ctx.params, kernel_caches=kernel_caches())
+                quick=ctx.args.quick, scale=ctx.args.scale, params=ctx.params, kernel_caches=ctx.kernel)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -676,6 +1008,7 @@ def exp_race(ctx):
     data = ctx.stage("stage", backing, size)
     ctx.copy_image(backing, backing2, size)
     res["data_bytes"] = data
+    pristine = pristine_image(ctx, backing, size)
     # On real devices the ceiling runs on the cache device itself (before the cache is
     # created on it), so it must hold the image.
     fast_ok = not ctx.real or int(run(["blockdev", "--getsize64", fast])) >= size
@@ -734,12 +1067,27 @@ def exp_race(ctx):
     rows = [row("hybrid", race_h), row("slow alone", race_s)]
     if ceiling:
         rows.append(row("fast alone", ceiling))
+    # The kernel caches, each alone like the ceiling (so not sharing the CPU with a second
+    # database as the hybrid did): same warm-up, same number of transactions.
+    flush_real_hybrid(ctx, cache, ctx.slow(backing))
+    for kst in kernel_volumes(ctx, pristine, size, p["cache"]):
+        db = MariaDB(ctx, kst, ctx.args.port_base + 3).start(p["buffer_pool"])
+        run_sysbench(ctx, db, "oltp_read_only", p["threads"], seconds=p["warm_seconds"], label=f"{kst.kind} warm-up")
+        before = kst.status()
+        r = run_sysbench(ctx, db, "oltp_read_write", p["threads"], events=p["events"], seconds=p["cap_seconds"],
+                         label=kst.kind)
+        kr = row(kst.kind, r)
+        kr.update(alone=True, read_hit_ratio=hit_ratio(before, kst.status()))
+        rows.append(kr)
+        db.stop(), db.close()
     res["rows"] = rows
     res["hybrid_read_hit_ratio"] = hit_ratio(before, after)
     res["status_samples"] = samples
     res["speedup"] = round(rows[1]["time_to_finish_s"] / rows[0]["time_to_finish_s"], 2)
     if ceiling:
         res["hybrid_vs_fast"] = round(rows[2]["time_to_finish_s"] / rows[0]["time_to_finish_s"], 2)
+    res["kernel_speedups"] = {r["target"]: round(rows[1]["time_to_finish_s"] / r["time_to_finish_s"], 2)
+                              for r in rows if r["target"] in KERNEL_CACHES}
     res["goals"] = [
         goal("hybrid at least 5.6x faster than the slow volume (seed 1)", res["speedup"], 5.6),
         goal("hybrid within 80 % of the fast device alone", res.get("hybrid_vs_fast"), 0.8),
@@ -768,6 +1116,7 @@ def exp_sweep(ctx):
     phase("sweep: staging (one database, copied to each volume)")
     data = ctx.stage("stage", backing, size)
     res["data_bytes"] = data
+    pristine = pristine_image(ctx, backing, size)
     if ctx.real and not a.backing2:
         log("sweep: no --backing2: the slow-alone curve is measured on --backing before the cache is attached")
     targets = []
@@ -790,22 +1139,33 @@ def exp_sweep(ctx):
         stacks.append(st)
         dbs.append(MariaDB(ctx, st, ctx.args.port_base + i).start(pools[0]))
     rows = {name: [] for name, _, _ in targets}
+
+    def point(name, st, db, bp):
+        actual = db.set_buffer_pool(bp)
+        log(f"{name}: buffer pool {mib(actual)} (data / {data / actual:.1f})")
+        run_sysbench(ctx, db, "oltp_read_write", p["threads"], seconds=p["warm_seconds"], label=f"{name} warm-up")
+        before = st.status()
+        r = run_sysbench(ctx, db, "oltp_read_write", p["threads"], seconds=p["seconds"], label=name)
+        return dict(buffer_pool_bytes=actual, data_over_pool=round(data / actual, 2), tps=r["tps"],
+                    latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
+                    read_hit_ratio=hit_ratio(before, st.status()))
+
     phase(f"sweep: {len(pools)} buffer pool sizes x {len(targets)} volumes "
           f"({p['warm_seconds']} s warm-up + {p['seconds']} s each, interleaved)")
     for bp in pools:
         for (name, _, _), st, db in zip(targets, stacks, dbs):
-            actual = db.set_buffer_pool(bp)
-            log(f"{name}: buffer pool {mib(actual)} (data / {data / actual:.1f})")
-            run_sysbench(ctx, db, "oltp_read_write", p["threads"], seconds=p["warm_seconds"], label=f"{name} warm-up")
-            before = st.status()
-            r = run_sysbench(ctx, db, "oltp_read_write", p["threads"], seconds=p["seconds"], label=name)
-            rows[name].append(dict(buffer_pool_bytes=actual, data_over_pool=round(data / actual, 2), tps=r["tps"],
-                                   latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
-                                   read_hit_ratio=hit_ratio(before, st.status())))
+            rows[name].append(point(name, st, db, bp))
     for db in dbs:
         db.stop(), db.close()
     for st in stacks:
         st.down(), st.close()
+    # The kernel caches after, one at a time through every pool size (on real devices they
+    # take the hybrid's devices, so they cannot be interleaved with it).
+    flush_real_hybrid(ctx, cache, backing)
+    for kst in kernel_volumes(ctx, pristine, size, p["cache"]):
+        db = MariaDB(ctx, kst, ctx.args.port_base + 3).start(pools[0])
+        rows[kst.kind] = [point(kst.kind, kst, db, bp) for bp in pools]
+        db.stop(), db.close()
     res["rows"] = rows
     # The seed's point: data about 3x the buffer pool.
     at3 = min(range(len(pools)), key=lambda i: abs(math.log(data / pools[i] / 3)))
@@ -839,6 +1199,7 @@ def exp_dirty(ctx):
     data = ctx.stage("stage", backings[0], size)
     ctx.copy_image(backings[0], backings[1], size)
     res["data_bytes"] = data
+    pristine = pristine_image(ctx, backings[0], size)
     stacks, dbs = [], []
     for i, high in enumerate(highs):
         low = max(0, high - 10)
@@ -849,8 +1210,23 @@ def exp_dirty(ctx):
     phase(f"dirty: write-only sysbench (uniform keys, {mib(data)} of data, {p['cache']} cache) on both, "
           f"in parallel, {p['seconds']} s")
     samplers = [StatusSampler(st) for st in stacks]
-    runs = [Sysbench(ctx, db, "oltp_write_only", p["threads"], seconds=p["seconds"], extra=["--rand-type=uniform"])
-            for db in dbs]
+    def write_only(dbs):
+        return [Sysbench(ctx, db, "oltp_write_only", p["threads"], seconds=p["seconds"], extra=["--rand-type=uniform"])
+                for db in dbs]
+
+    def dirty_row(high, r, smp, **more):
+        series = [x["tps"] for x in r["intervals"]]
+        t_settle, settled = settle_time(series)
+        stalls = sum(1 for x in series[5:] if x == 0)
+        destage = [(b["t"], b["destaged_blocks"]) for b in smp]
+        return dict(dirty_high_percent=high, dirty_low_percent=max(0, high - 10) if high is not None else None,
+                    tps=r["tps"], settled_tps=settled, settle_seconds=t_settle, zero_tps_seconds=stalls,
+                    latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
+                    tps_series=series, status_samples=smp,
+                    destaged_mib=round((destage[-1][1] - destage[0][1]) * 4096 / MIB, 1) if len(destage) > 1 else None,
+                    **more)
+
+    runs = write_only(dbs)
     for s in samplers + runs:
         s.start()
     progress([(f"high {h} %", r, 0, p["seconds"]) for h, r in zip(highs, runs)])
@@ -860,25 +1236,40 @@ def exp_dirty(ctx):
         db.stop(), db.close()
     for st in stacks:
         st.down(), st.close()
-    rows = []
-    for high, r, smp in zip(highs, results, samples):
-        series = [x["tps"] for x in r["intervals"]]
-        t_settle, settled = settle_time(series)
-        stalls = sum(1 for x in series[5:] if x == 0)
-        destage = [(b["t"], b["destaged_blocks"]) for b in smp]
-        rows.append(dict(dirty_high_percent=high, dirty_low_percent=max(0, high - 10), tps=r["tps"],
-                         settled_tps=settled, settle_seconds=t_settle, zero_tps_seconds=stalls,
-                         latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
-                         tps_series=series, status_samples=smp,
-                         destaged_mib=round((destage[-1][1] - destage[0][1]) * 4096 / MIB, 1) if len(destage) > 1 else None))
+    rows = [dirty_row(high, r, smp, target="tiercache") for high, r, smp in zip(highs, results, samples)]
+    # The kernel caches after. dm-writecache has the same knob (high_watermark, low_watermark
+    # 10 points below): its two runs go in parallel like tiercache's. dm-cache has no dirty
+    # threshold and bcache's (writeback_percent) is a target the kernel caps at 40 %: each runs
+    # once with its defaults.
+    for kind in ctx.kernel["used"]:
+        phase(f"dirty: {kind}")
+        pairs = [(h, dict(high_watermark=h, low_watermark=max(0, h - 10))) for h in highs] \
+            if kind == "dm-writecache" else [(None, None)]
+        ksts = [kernel_volume(ctx, kind, pristine, size, p["cache"], tag=f"-{h}" if h is not None else "",
+                              settings=st) for h, st in pairs]
+        kdbs = [MariaDB(ctx, k, ctx.args.port_base + 3 + i).start(p["buffer_pool"]) for i, k in enumerate(ksts)]
+        kruns = write_only(kdbs)
+        for r in kruns:
+            r.start()
+        progress([(k.name, r, 0, p["seconds"]) for k, r in zip(ksts, kruns)])
+        kres = [r.finish() for r in kruns]
+        for db in kdbs:
+            db.stop(), db.close()
+        for k in ksts:
+            k.down(), k.close()
+        rows += [dirty_row(h, r, [], target=kind) for (h, _), r in zip(pairs, kres)]
     res["rows"] = rows
-    if rows[0]["settled_tps"]:
-        res["high_over_low"] = round(rows[-1]["settled_tps"] / rows[0]["settled_tps"], 2)
+    ours = [r for r in rows if r["target"] == "tiercache"]
+    if ours[0]["settled_tps"]:
+        res["high_over_low"] = round(ours[-1]["settled_tps"] / ours[0]["settled_tps"], 2)
+    wc = [r for r in rows if r["target"] == "dm-writecache"]
+    if len(wc) == 2 and wc[0]["settled_tps"]:
+        res["dm_writecache_high_over_low"] = round(wc[1]["settled_tps"] / wc[0]["settled_tps"], 2)
     res["goals"] = [goal(f"the {highs[-1]} % run at least 1.7x the {highs[0]} % run once settled (seed 3)",
                          res.get("high_over_low"), 1.7),
                     dict(goal="no stall (no one-second interval at zero tps)",
-                         value=sum(r["zero_tps_seconds"] for r in rows), target=0,
-                         met=all(r["zero_tps_seconds"] == 0 for r in rows))]
+                         value=sum(r["zero_tps_seconds"] for r in ours), target=0,
+                         met=all(r["zero_tps_seconds"] == 0 for r in ours))]
     return res
 
 
@@ -901,7 +1292,6 @@ def exp_latency(ctx):
     files = {n: ctx.file(f"v{i}.img") for i, n in enumerate(names)}
     for n in names:
         ctx.copy_image(image, files[n], size)
-    os.unlink(image)
     specs = [("slow", "passthrough", dict(device=ctx.slow(files[names[0]]))),
              ("optane", "hybrid", dict(cache=f"emulated:optane:{ctx.file('cache-optane.img')}",
                                        backing=ctx.slow(files[names[1]]), cache_size=p["cache"])),
@@ -913,6 +1303,13 @@ def exp_latency(ctx):
         st = Stack(ctx, short, kind, **kw).up()
         stacks.append(st)
         dbs.append(MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]))
+    # The kernel caches, with the same emulated optane cache device, interleaved with the rest.
+    for kind in ctx.kernel["used"]:
+        st = kernel_volume(ctx, kind, image, size, p["cache"], fast_profile="optane")
+        names.append(f"{kind} (optane cache)")
+        stacks.append(st)
+        dbs.append(MariaDB(ctx, st, ctx.args.port_base + len(dbs)).start(p["buffer_pool"]))
+    os.unlink(image)
     # The seed compares devices holding the working set: the hybrids' caches are warmed with
     # `tiercache preload` of the database's files (a read-only run on an HDD would take
     # minutes to fill them), then every volume's buffer pool with a short read-only run.
@@ -924,6 +1321,9 @@ def exp_latency(ctx):
             pre = st.preload([os.path.join(st.mnt, "mysql")])
             res["preload"][n] = pre
             log(f"{n}: preloaded {pre}")
+        elif st.kind in KERNEL_CACHES:
+            # No preload command: the files read twice, for what their read caching makes of it.
+            st.warm([os.path.join(st.mnt, "mysql")])
     for n, db in zip(names, dbs):
         run_sysbench(ctx, db, "oltp_read_only", 4, seconds=p["warm_seconds"], label=n)
     phase(f"latency: threads {p['threads_list']} x {len(names)} volumes, {p['seconds']} s each, interleaved")
@@ -966,7 +1366,76 @@ def exp_fsync(ctx):
     hybrid = [r for r in res["bench"]["results"] if r.get("ratio_to_raw_cache") is not None]
     res["goals"] = [goal("hybrid fsync rate at least 90 % of the raw cache device", hybrid[0]["ratio_to_raw_cache"]
                          if hybrid else None, 0.9)]
+    if ctx.kernel["used"] and not ctx.real:
+        res["block_rows"] = fsync_block_rows(ctx, seconds=float(seconds))
     return res
+
+
+def fsync_loop(dev, seconds, region=64 * MIB):
+    """O_DIRECT 4 KiB writes at random offsets of the first REGION bytes of DEV, each followed
+    by fdatasync, for SECONDS: (rate per second, latencies in µs)."""
+    import mmap
+    import random
+    fd = os.open(dev, os.O_RDWR | os.O_DIRECT)
+    try:
+        buf = mmap.mmap(-1, 4096)  # page-aligned, as O_DIRECT needs
+        buf.write(os.urandom(4096))
+        rng = random.Random(1)
+        lat = []
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            t = time.perf_counter()
+            os.pwrite(fd, buf, rng.randrange(region // 4096) * 4096)
+            os.fdatasync(fd)
+            lat.append((time.perf_counter() - t) * 1e6)
+        return len(lat) / (time.monotonic() - t0), lat
+    finally:
+        os.close(fd)
+
+
+def fsync_block_rows(ctx, seconds, rounds=3):
+    """The seed's fsync comparison with the kernel caches as rows: the same loop (4 KiB O_DIRECT
+    write + fdatasync, QD1) on block devices, the fast device an emulated optane and the slow
+    one the emulated slow profile: the optane alone (a loop device over its FUSE file), the
+    hybrid (tiercache serve --fuse, loop), and each kernel cache. Interleaved rounds, medians;
+    the ratio is to the optane alone measured the same way."""
+    size = 1 << 30
+    cache = "256M"
+    phase(f"fsync: block devices (optane alone, hybrid, {', '.join(ctx.kernel['used'])}), "
+          f"{rounds} rounds of {seconds:g} s")
+    os.makedirs(ctx.devdir, exist_ok=True)
+    targets = []
+    fast = Stack(ctx, "fsync-fast", "passthrough", device=f"emulated:optane:{ctx.file('fast.img')}")
+    with open(ctx.file("fast.img"), "wb") as f:
+        f.truncate(size)
+    targets.append(("optane alone", fast.up(mount=False).loop))
+    with open(ctx.file("slow.img"), "wb") as f:
+        f.truncate(size)
+    hyb = Stack(ctx, "fsync-hybrid", "hybrid", cache=f"emulated:optane:{ctx.file('cache.img')}",
+                backing=ctx.slow(ctx.file("slow.img")), cache_size=cache)
+    targets.append(("tiercache (FUSE + loop)", hyb.up(mount=False).loop))
+    kernel = [kernel_volume(ctx, kind, None, size, cache, fast_profile="optane", mount=False)
+              for kind in ctx.kernel["used"]]
+    targets += [(k.kind, k.dev) for k in kernel]
+    rates = {n: [] for n, _ in targets}
+    lats = {n: [] for n, _ in targets}
+    for _ in range(rounds):
+        for n, dev in targets:
+            rate, lat = fsync_loop(dev, seconds)
+            rates[n].append(rate)
+            lats[n] += lat
+            log(f"fsync: {n}: {rate:,.0f}/s")
+    for k in kernel:
+        k.down(), k.close()
+    for st in (hyb, fast):
+        st.down(), st.close()
+    ref = median(rates["optane alone"])
+    rows = []
+    for n, _ in targets:
+        lat = sorted(lats[n])
+        rows.append(dict(target=n, fsyncs_per_second=round(median(rates[n])), ratio_to_fast=round(median(rates[n]) / ref, 3),
+                         latency_us_p50=round(lat[len(lat) // 2], 1), latency_us_p99=round(lat[int(len(lat) * 0.99)], 1)))
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1002,12 +1471,13 @@ def charts(res, outdir):
 
     if exp == "race":
         fig, ax = plt.subplots(figsize=(8, 4.2))
-        for r, color in zip(res["rows"], ["tab:green", "tab:red", "tab:blue"]):
+        for r, color in zip(res["rows"], ["tab:green", "tab:red", "tab:blue", *KERNEL_COLORS]):
             q = r["qps_series"]
             xs = range(1, len(q) + 1)
             ax.plot(xs, [max(v, 1) for v in q], color=color, lw=0.5, alpha=0.35)
             ax.plot(xs, [max(v, 1) for v in moving_average(q, 10)], color=color, lw=1.5,
-                    label=f"{r['target']}: {r['time_to_finish_s']:.0f} s" + (" (extrapolated)" if r["extrapolated"] else ""))
+                    label=f"{r['target']}{' (alone)' if r.get('alone') else ''}: {r['time_to_finish_s']:.0f} s"
+                    + (" (extrapolated)" if r["extrapolated"] else ""))
             if r["finished"]:
                 ax.axvline(r["seconds"], color=color, ls=":", lw=1)
         ax.set_yscale("log")
@@ -1019,7 +1489,8 @@ def charts(res, outdir):
         save(fig, "race-qps")
     elif exp == "sweep":
         fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
-        for name, color in (("slow alone", "tab:red"), ("fast alone", "tab:blue"), ("hybrid", "tab:green")):
+        for name, color in (("slow alone", "tab:red"), ("fast alone", "tab:blue"), ("hybrid", "tab:green"),
+                            *zip(KERNEL_CACHES, KERNEL_COLORS)):
             if name in res["rows"]:
                 pts = res["rows"][name]
                 ax.plot([x["buffer_pool_bytes"] / MIB for x in pts], [x["tps"] for x in pts], "o-", color=color, label=name)
@@ -1044,11 +1515,20 @@ def charts(res, outdir):
         save(fig, "sweep-tps")
     elif exp == "dirty":
         fig, (ax, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-        for r, color in zip(res["rows"], ["tab:orange", "tab:green"]):
+        kernel_colors = iter(KERNEL_COLORS + ["tab:gray", "tab:pink"])
+        for r in res["rows"]:
+            ours = r.get("target", "tiercache") == "tiercache"
+            color = ("tab:orange" if r["dirty_high_percent"] == res["params"]["highs"][0] else "tab:green") if ours \
+                else next(kernel_colors)
             s = r["tps_series"]
-            ax.plot(range(1, len(s) + 1), s, color=color, lw=0.5, alpha=0.4)
-            ax.plot(range(1, len(s) + 1), moving_average(s, 10), color=color, lw=1.5,
-                    label=f"high watermark {r['dirty_high_percent']} %: settled {r['settled_tps'] or 0:.0f} tps")
+            who = "" if ours else f"{r['target']}, "
+            knob = f"high watermark {r['dirty_high_percent']} %" if r["dirty_high_percent"] is not None else "defaults"
+            if ours:
+                ax.plot(range(1, len(s) + 1), s, color=color, lw=0.5, alpha=0.4)
+            ax.plot(range(1, len(s) + 1), moving_average(s, 10), color=color, lw=1.5 if ours else 1.0,
+                    ls="-" if ours else "--", label=f"{who}{knob}: settled {r['settled_tps'] or 0:.0f} tps")
+            if not ours:
+                continue
             if r["settle_seconds"]:
                 ax.axvline(r["settle_seconds"], color=color, ls=":", lw=1)
             ax2.plot([x["t"] for x in r["status_samples"]], [x["dirty_percent"] for x in r["status_samples"]],
@@ -1064,7 +1544,8 @@ def charts(res, outdir):
     elif exp == "latency":
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
         for ax, pct in zip(axes, (95, 99)):
-            for (name, pts), color in zip(res["rows"].items(), ["tab:red", "tab:green", "tab:olive", "tab:blue"]):
+            for (name, pts), color in zip(res["rows"].items(), ["tab:red", "tab:green", "tab:olive", "tab:blue",
+                                                               *KERNEL_COLORS]):
                 ax.plot([x["threads"] for x in pts], [x[f"latency_ms_p{pct}"] for x in pts], "o-", color=color, label=name)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -1132,11 +1613,14 @@ def section(res):
                   "| --- | ---: | ---: | ---: | ---: | ---: |"]
         for r in res["rows"]:
             t = fmt(r["time_to_finish_s"]) + (" (extrapolated)" if r["extrapolated"] else "")
-            lines.append(f"| {r['target']} | {r['transactions']:,} | {t} | {fmt(r['tps'])} | {fmt(r['latency_ms_p95'])} | {fmt(r['latency_ms_p99'])} |")
+            lines.append(f"| {r['target']}{' (alone)' if r.get('alone') else ''} | {r['transactions']:,} | {t} | {fmt(r['tps'])} | {fmt(r['latency_ms_p95'])} | {fmt(r['latency_ms_p99'])} |")
         lines += ["", f"Hybrid {res['speedup']}x the slow volume"
                   + (f", at {res['hybrid_vs_fast']} of the fast device alone" if res.get("hybrid_vs_fast") else "")
                   + f"; the cache's read hit ratio during the race: {fmt(res['hybrid_read_hit_ratio'], 3)}. "
-                  f"Warm-up (read-only): hybrid {fmt(res['warm']['hybrid_tps'])} tps, slow {fmt(res['warm']['slow_tps'])} tps.",
+                  f"Warm-up (read-only): hybrid {fmt(res['warm']['hybrid_tps'])} tps, slow {fmt(res['warm']['slow_tps'])} tps."
+                  + ("".join(f" {k} (alone, after the race, like the ceiling): {v}x the slow volume, read hit ratio "
+                             f"{fmt(next(r for r in res['rows'] if r['target'] == k).get('read_hit_ratio'), 3)}."
+                             for k, v in res.get("kernel_speedups", {}).items())),
                   "", f"![race](race-qps{tag}.png)"]
     elif exp == "sweep":
         names = list(res["rows"])
@@ -1149,10 +1633,11 @@ def section(res):
                          + f" | {fmt(res['rows']['hybrid'][i]['read_hit_ratio'], 3)} |")
         lines += ["", f"![sweep](sweep-tps{tag}.png)"]
     elif exp == "dirty":
-        lines += ["| high watermark | tps (whole run) | settled tps | settles after (s) | seconds at 0 tps | p99 ms | written back (MiB) |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        lines += ["| volume | high watermark | tps (whole run) | settled tps | settles after (s) | seconds at 0 tps | p99 ms | written back (MiB) |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for r in res["rows"]:
-            lines.append(f"| {r['dirty_high_percent']} % | {fmt(r['tps'])} | {fmt(r['settled_tps'])} | "
+            knob = f"{r['dirty_high_percent']} %" if r["dirty_high_percent"] is not None else "its default"
+            lines.append(f"| {r.get('target', 'tiercache')} | {knob} | {fmt(r['tps'])} | {fmt(r['settled_tps'])} | "
                          f"{fmt(r['settle_seconds'])} | {r['zero_tps_seconds']} | {fmt(r['latency_ms_p99'])} | {fmt(r['destaged_mib'])} |")
         lines += ["", "Settled: the median tps of the last third of the run; it settles when the moving "
                   "average over a tenth of the run (at least 10 s) stays within 25 % of that. Seconds at "
@@ -1172,6 +1657,13 @@ def section(res):
             lines.append(f"| {r['target']} | {fmt(r['fsyncs_per_second'], 0)} | {fmt(r['latency_us_p50'])} | "
                          f"{fmt(r['latency_us_p99'])} | {fmt(r.get('documented_fsyncs_per_second'), 0)} |")
         lines += ["", f"![fsync](fsync-rate{tag}.png)"]
+        if res.get("block_rows"):
+            lines += ["", "The same loop on block devices (4 KiB O_DIRECT write + fdatasync, QD1; emulated optane "
+                      "cache, emulated slow device; medians of interleaved rounds):", "",
+                      "| target | fsync/s | ratio to optane alone | p50 us | p99 us |", "| --- | ---: | ---: | ---: | ---: |"]
+            for r in res["block_rows"]:
+                lines.append(f"| {r['target']} | {fmt(r['fsyncs_per_second'])} | {fmt(r['ratio_to_fast'], 2)} | "
+                             f"{fmt(r['latency_us_p50'])} | {fmt(r['latency_us_p99'])} |")
     lines += goals_md(res)
     lines += ["", f"Kernel caches: {res['kernel_caches']['note']}.", ""]
     return lines
@@ -1215,6 +1707,9 @@ def main(argv=None):
     ap.add_argument("--destructive", action="store_true", help="allow overwriting the real devices")
     ap.add_argument("--set", nargs=2, action="append", metavar=("KEY", "VALUE"),
                     help="override one parameter of the experiment (e.g. --set events 2000)")
+    ap.add_argument("--kernel-caches", default="auto", metavar="auto|none|LIST",
+                    help="dm-writecache, dm-cache and bcache as extra rows: every one the kernel has (auto), "
+                         "none, or a comma-separated list that must all be there")
     ap.add_argument("--tiercache", default=os.path.join(REPO, "target", "release", "tiercache"))
     args = ap.parse_args(argv)
     os.makedirs(args.results, exist_ok=True)
