@@ -294,7 +294,8 @@ class Stack:
             raise RuntimeError(f"{self.name}: {vol} did not appear in 60 s")
         self.loop = run(["losetup", "--direct-io=on", "--show", "-f", vol]).strip()
         if mkfs_size is not None:
-            run(["mkfs.ext4", "-q", "-F", "-E", "nodiscard", self.loop, f"{mkfs_size // 1024}k"])
+            # (4 KiB blocks even for a small --quick volume: dm-writecache exposes 4 KiB sectors.)
+            run(["mkfs.ext4", "-q", "-F", "-b", "4096", "-E", "nodiscard", self.loop, f"{mkfs_size // 1024}k"])
         if mount:
             run(["mount", self.loop, self.mnt])
         return self
@@ -443,7 +444,13 @@ class KernelStack:
             self.dev = self._dmsetup_create(self.dm, self.table)
         else:
             run(["dd", "if=/dev/zero", f"of={slow}", "bs=1M", "count=8", "oflag=direct", "status=none"])
-            run(["make-bcache", "--wipe-bcache", "-C", fast, "-B", slow, "--writeback"])
+            # Buckets of 512 KiB (its default) unless the cache would have fewer than 1,024 of
+            # them (make-bcache refuses under 128: a --quick cache is 16 MiB).
+            bucket = 512 * 1024
+            while sectors(fast) * 512 // bucket < 1024 and bucket > 16 * 1024:
+                bucket //= 2
+            run(["make-bcache", "--wipe-bcache", "--bucket", f"{bucket // 1024}k", "-C", fast, "-B", slow,
+                 "--writeback"])
             for d in (fast, slow):
                 subprocess.run(["sh", "-c", f"echo {d} > /sys/fs/bcache/register"], capture_output=True)
             name = os.path.basename(slow)
@@ -912,7 +919,7 @@ def kernel_volumes(ctx, image, size, cache_size, **kw):
     for kind in ctx.kernel["used"]:
         phase(f"{ctx.experiment}: {kind}")
         st = kernel_volume(ctx, kind, image, size, cache_size, **kw)
-        log(f"{kind}: {st.describe()}")
+        log(st.describe())
         yield st
         st.down()
         st.close()
@@ -979,9 +986,13 @@ def kernel_caches(wanted="auto"):
 
 
 def base_result(ctx):
-    commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
-                           capture_output=True, text=True).stdout.strip()
+    if shutil.which("git"):
+        commit = subprocess.run(["git", "-C", REPO, "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip() or "unknown"
+        dirty = subprocess.run(["git", "-C", REPO, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True).stdout.strip()
+    else:  # (the test VM: the tree is shared in, git is not installed)
+        commit, dirty = os.environ.get("TIERCACHE_COMMIT", "unknown"), ""
     return dict(experiment=ctx.experiment, date=datetime.date.today().isoformat(),
                 commit=commit + ("+changes" if dirty else ""), host=os.uname().nodename, cpus=os.cpu_count(),
                 slow_profile=None if ctx.real else ctx.args.slow, real_devices=ctx.real,
@@ -1028,32 +1039,41 @@ def exp_race(ctx):
     phase("race: bolt-on (create a cache for the existing volume, serve, mount its ext4 as it is)")
     hyb = Stack(ctx, "hybrid", "hybrid", cache=cache, backing=ctx.slow(backing), cache_size=p["cache"]).up()
     slow = Stack(ctx, "slow", "passthrough", device=ctx.slow(backing2)).up()
-    dbh = MariaDB(ctx, hyb, ctx.args.port_base + 1).start(p["buffer_pool"])
-    dbs = MariaDB(ctx, slow, ctx.args.port_base + 2).start(p["buffer_pool"])
+    racers = [("hybrid", hyb), ("slow", slow)]
+    # On files the kernel caches race beside them, each on its own copy of the image, so that
+    # all share the CPU alike. On real devices they need the hybrid's devices: they race alone
+    # afterwards, like the ceiling (marked "alone").
+    if not ctx.real:
+        racers += [(kind, kernel_volume(ctx, kind, pristine, size, p["cache"])) for kind in ctx.kernel["used"]]
+    dbs = [MariaDB(ctx, st, ctx.args.port_base + 1 + i).start(p["buffer_pool"]) for i, (_, st) in enumerate(racers)]
+    names = [n for n, _ in racers]
+    who = "both volumes" if len(racers) == 2 else f"all {len(racers)} volumes"
 
-    phase(f"race: warm-up (read-only, {p['warm_seconds']} s, both volumes, as the seed did)")
-    w1 = Sysbench(ctx, dbh, "oltp_read_only", p["threads"], seconds=p["warm_seconds"])
-    w2 = Sysbench(ctx, dbs, "oltp_read_only", p["threads"], seconds=p["warm_seconds"])
-    w1.start(), w2.start()
-    progress([("hybrid", w1, 0, p["warm_seconds"]), ("slow", w2, 0, p["warm_seconds"])])
-    warm_h, warm_s = w1.finish(), w2.finish()
-    res["warm"] = dict(hybrid_tps=warm_h["tps"], slow_tps=warm_s["tps"])
+    phase(f"race: warm-up (read-only, {p['warm_seconds']} s, {who}, as the seed did)")
+    warms = [Sysbench(ctx, db, "oltp_read_only", p["threads"], seconds=p["warm_seconds"]) for db in dbs]
+    for w in warms:
+        w.start()
+    progress([(n, w, 0, p["warm_seconds"]) for n, w in zip(names, warms)])
+    warm = [w.finish() for w in warms]
+    res["warm"] = dict(hybrid_tps=warm[0]["tps"], slow_tps=warm[1]["tps"],
+                       **{f"{n}_tps": w["tps"] for n, w in zip(names[2:], warm[2:])})
 
-    phase(f"race: both volumes in parallel to {p['events']:,} transactions (oltp_read_write, gaussian, "
+    phase(f"race: {who} in parallel to {p['events']:,} transactions (oltp_read_write, gaussian, "
           f"{p['threads']} threads each; cap {p['cap_seconds']} s)")
-    before = hyb.status()
+    before = [st.status() for _, st in racers]
     sampler = StatusSampler(hyb)
     sampler.start()
-    rh = Sysbench(ctx, dbh, "oltp_read_write", p["threads"], events=p["events"], seconds=p["cap_seconds"])
-    rs = Sysbench(ctx, dbs, "oltp_read_write", p["threads"], events=p["events"], seconds=p["cap_seconds"])
-    rh.start(), rs.start()
-    progress([("hybrid", rh, p["events"], 0), ("slow", rs, p["events"], 0)])
-    race_h, race_s = rh.finish(), rs.finish()
+    races = [Sysbench(ctx, db, "oltp_read_write", p["threads"], events=p["events"], seconds=p["cap_seconds"])
+             for db in dbs]
+    for r in races:
+        r.start()
+    progress([(n, r, p["events"], 0) for n, r in zip(names, races)])
+    raced = [r.finish() for r in races]
     samples = sampler.stop()
-    after = hyb.status()
-    for db in (dbh, dbs):
+    after = [st.status() for _, st in racers]
+    for db in dbs:
         db.stop(), db.close()
-    for st in (hyb, slow):
+    for _, st in reversed(racers):
         st.down(), st.close()
 
     def row(name, r):
@@ -1064,24 +1084,22 @@ def exp_race(ctx):
                     latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
                     qps_series=[x["qps"] for x in r["intervals"]], tps_series=[x["tps"] for x in r["intervals"]])
 
-    rows = [row("hybrid", race_h), row("slow alone", race_s)]
+    rows = [row("hybrid", raced[0]), row("slow alone", raced[1])]
     if ceiling:
         rows.append(row("fast alone", ceiling))
-    # The kernel caches, each alone like the ceiling (so not sharing the CPU with a second
-    # database as the hybrid did): same warm-up, same number of transactions.
+    for n, r, b, a in zip(names[2:], raced[2:], before[2:], after[2:]):
+        rows.append(dict(row(n, r), read_hit_ratio=hit_ratio(b, a)))
     flush_real_hybrid(ctx, cache, ctx.slow(backing))
-    for kst in kernel_volumes(ctx, pristine, size, p["cache"]):
+    for kst in kernel_volumes(ctx, pristine, size, p["cache"]) if ctx.real else ():
         db = MariaDB(ctx, kst, ctx.args.port_base + 3).start(p["buffer_pool"])
         run_sysbench(ctx, db, "oltp_read_only", p["threads"], seconds=p["warm_seconds"], label=f"{kst.kind} warm-up")
-        before = kst.status()
+        b = kst.status()
         r = run_sysbench(ctx, db, "oltp_read_write", p["threads"], events=p["events"], seconds=p["cap_seconds"],
                          label=kst.kind)
-        kr = row(kst.kind, r)
-        kr.update(alone=True, read_hit_ratio=hit_ratio(before, kst.status()))
-        rows.append(kr)
+        rows.append(dict(row(kst.kind, r), alone=True, read_hit_ratio=hit_ratio(b, kst.status())))
         db.stop(), db.close()
     res["rows"] = rows
-    res["hybrid_read_hit_ratio"] = hit_ratio(before, after)
+    res["hybrid_read_hit_ratio"] = hit_ratio(before[0], after[0])
     res["status_samples"] = samples
     res["speedup"] = round(rows[1]["time_to_finish_s"] / rows[0]["time_to_finish_s"], 2)
     if ceiling:
@@ -1618,7 +1636,7 @@ def section(res):
                   + (f", at {res['hybrid_vs_fast']} of the fast device alone" if res.get("hybrid_vs_fast") else "")
                   + f"; the cache's read hit ratio during the race: {fmt(res['hybrid_read_hit_ratio'], 3)}. "
                   f"Warm-up (read-only): hybrid {fmt(res['warm']['hybrid_tps'])} tps, slow {fmt(res['warm']['slow_tps'])} tps."
-                  + ("".join(f" {k} (alone, after the race, like the ceiling): {v}x the slow volume, read hit ratio "
+                  + ("".join(f" {k}{' (alone, after the race, like the ceiling)' if next(r for r in res['rows'] if r['target'] == k).get('alone') else ''}: {v}x the slow volume, read hit ratio "
                              f"{fmt(next(r for r in res['rows'] if r['target'] == k).get('read_hit_ratio'), 3)}."
                              for k, v in res.get("kernel_speedups", {}).items())),
                   "", f"![race](race-qps{tag}.png)"]

@@ -6,18 +6,22 @@
 # read-only over 9p at /host, so the guest runs the binary built here.
 #
 #   scripts/vm/build.sh [--dir DIR]      (default /var/tmp/tiercache-vm; about 600 MB)
+#   scripts/vm/build.sh --with-db        (default /var/tmp/tiercache-vm-db: also MariaDB,
+#                                         sysbench, FUSE and matplotlib, for bench/seeds.py)
 #
 # Produces DIR/vmlinuz and DIR/initrd.cpio; scripts/vm/run.sh boots them. Needs root, network
 # access to deb.debian.org, and installs qemu-system-x86, mmdebstrap and cpio when missing.
 set -euo pipefail
-DIR=/var/tmp/tiercache-vm
+DIR=""; EXTRA=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --dir) DIR=$2; shift 2 ;;
-        -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+        --with-db) EXTRA=",mariadb-server,sysbench,fuse3,python3-matplotlib"; shift ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
         *) echo "vm/build: unknown option $1" >&2; exit 2 ;;
     esac
 done
+[ -n "$DIR" ] || { [ -n "$EXTRA" ] && DIR=/var/tmp/tiercache-vm-db || DIR=/var/tmp/tiercache-vm; }
 [ "$(id -u)" -eq 0 ] || { echo "vm/build: run as root" >&2; exit 1; }
 apt_install() {
     for i in 1 2 3 4 5; do
@@ -50,7 +54,7 @@ KV=$(ls kernel/lib/modules)
 echo "vm/build: kernel $KV; building the root file system (mmdebstrap)"
 rm -rf root && mkdir root
 mmdebstrap --quiet --variant=minbase \
-    --include=kmod,util-linux,e2fsprogs,nbd-client,fio,procps,python3,thin-provisioning-tools,bcache-tools,dmsetup \
+    --include=kmod,util-linux,e2fsprogs,nbd-client,fio,procps,python3,thin-provisioning-tools,bcache-tools,dmsetup$EXTRA \
     bookworm root http://deb.debian.org/debian
 cp -a kernel/lib/modules root/lib/
 chroot root /sbin/depmod "$KV"
