@@ -19,7 +19,8 @@
   latency  seed 4 (Optane vs NAND under MySQL, small buffer pool): p95/p99 per concurrency
            for slow alone, hybrid with an optane-profile cache, hybrid with an nvme-profile
            cache, and the fast device alone.
-  fsync    seed 2: `tiercache bench fsync` (emulated devices), included in the report.
+  fsync    seed 2: `tiercache bench fsync` (emulated devices; with --cache/--backing the real
+           ones too), included in the report.
   all      every experiment above, then the report.
 
 Every volume reaches MariaDB the same way: `tiercache serve --fuse`, `losetup --direct-io=on`,
@@ -27,14 +28,21 @@ ext4, mount; only what is behind the FUSE file differs (a raw file, an emulated 
 or the hybrid volume of the two). MariaDB commits durably (innodb_flush_log_at_trx_commit=1,
 O_DIRECT). Slow devices are emulated profiles (--slow; every chart's caption says which).
 
+Kernel caches: where the kernel has dm-writecache, dm-cache or bcache, each experiment runs
+them as extra rows on the same devices (--kernel-caches auto|none|LIST; docs/BENCHMARKS.md
+says how each is set up). The report says which ran and why the others did not.
+
 On real hardware: --cache /dev/nvme0n1 --backing /dev/md0 [--backing2 /dev/md1] --destructive
-(the race needs a second slow device; without --backing2 it is skipped). The devices are used
-as they are, with no emulation; the cache device and the first --volume-size bytes of the
-backing devices are overwritten.
+(race and dirty need a second slow device: the race's slow volume, the dirty experiment's copy
+of the staged image; without --backing2 they are skipped). The devices are used as they are,
+with no emulation; the cache device and the first --set volume bytes of the backing devices
+are overwritten. With one cache device the dirty experiment's volumes and the kernel caches
+run one after another, and the latency experiment's rows are the cache device alone, the
+hybrid and the slow device alone (docs/BENCHMARKS.md, "On real hardware").
 
 Results: DIR/EXPERIMENT.json, DIR/EXPERIMENT-*.png and .svg, DIR/report.md (default DIR:
 bench-results/ in the current directory). --json also prints the experiment's JSON on stdout.
-Databases run on loopback ports (3310-3313) with data directories under --workdir; nothing
+Databases run on loopback ports (3310-3317) with data directories under --workdir; nothing
 stays mounted, attached or running after a run, even one stopped with Ctrl-C.
 Needs root (loop devices, mounts); installs mariadb-server, sysbench, python3-matplotlib.
 """
@@ -833,8 +841,10 @@ class Ctx:
             # bcache would take the start of the real backing device (see KernelStack).
             if "bcache" in self.kernel["used"]:
                 self.kernel["used"].remove("bcache")
-                self.kernel["note"] += ("; bcache left out on real devices: make-bcache would take the start "
-                                        "of the backing device, which holds the staged database")
+                self.kernel["note"] = (("measured as extra rows: " + ", ".join(self.kernel["used"]) + "; "
+                                        if self.kernel["used"] else "not run: ")
+                                       + "bcache left out on real devices: make-bcache would take the start "
+                                       "of the backing device, which holds the staged database")
 
     def begin(self, needs_second_slow):
         """The work folder for device files, and the volume size; None (the experiment is
@@ -1207,27 +1217,42 @@ def exp_dirty(ctx):
         return None
     res = base_result(ctx)
     highs = p["highs"]
-    backings = [a.backing or ctx.file("backing-a.img"), a.backing2 or ctx.file("backing-b.img")]
-    caches = [ctx.file("cache-a.img"), ctx.file("cache-b.img")] if not ctx.real else None
     if ctx.real:
-        log("dirty: on real devices both hybrids need their own cache device; not supported yet")
-        return None
-
-    phase("dirty: staging (one database, copied for the second volume)")
-    data = ctx.stage("stage", backings[0], size)
-    ctx.copy_image(backings[0], backings[1], size)
+        # One cache device: the volumes run one after another on --cache and --backing, each
+        # from the staged image, kept on --backing2 and copied back before each.
+        phase("dirty: staging (one database on --backing, kept on --backing2 to start every run from)")
+        data = ctx.stage("stage", a.backing, size)
+        ctx.copy_image(a.backing, a.backing2, size)
+        pristine = a.backing2
+    else:
+        phase("dirty: staging (one database, copied for the second volume)")
+        backings = [ctx.file("backing-a.img"), ctx.file("backing-b.img")]
+        data = ctx.stage("stage", backings[0], size)
+        ctx.copy_image(backings[0], backings[1], size)
+        pristine = pristine_image(ctx, backings[0], size)
     res["data_bytes"] = data
-    pristine = pristine_image(ctx, backings[0], size)
-    stacks, dbs = [], []
-    for i, high in enumerate(highs):
-        low = max(0, high - 10)
-        st = Stack(ctx, f"dirty{high}", "hybrid", cache=caches[i], backing=ctx.slow(backings[i]),
-                   cache_size=p["cache"], serve_extra=["--dirty-high", str(high), "--dirty-low", str(low)]).up()
-        stacks.append(st)
-        dbs.append(MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]))
-    phase(f"dirty: write-only sysbench (uniform keys, {mib(data)} of data, {p['cache']} cache) on both, "
-          f"in parallel, {p['seconds']} s")
-    samplers = [StatusSampler(st) for st in stacks]
+
+    def hybrid(i, high):
+        cache, backing = (a.cache, a.backing) if ctx.real else (ctx.file(f"cache-{i}.img"), ctx.slow(backings[i]))
+        return Stack(ctx, f"dirty{high}", "hybrid", cache=cache, backing=backing, cache_size=p["cache"],
+                     serve_extra=["--dirty-high", str(high), "--dirty-low", str(max(0, high - 10))]).up()
+
+    def kernel(kind, high):
+        settings = dict(high_watermark=high, low_watermark=max(0, high - 10)) if high is not None else None
+        return kernel_volume(ctx, kind, pristine, size, p["cache"], tag=f"-{high}" if high is not None else "",
+                             settings=settings)
+
+    # Groups of volumes run in parallel: (target, high watermark or None, how to make it). On
+    # files tiercache's two run side by side, as do dm-writecache's; on real devices each runs
+    # alone. dm-writecache has the same knob (high_watermark, low_watermark 10 points below).
+    # dm-cache has no dirty threshold and bcache's (writeback_percent) is a target the kernel
+    # caps at 40 %: each runs once with its defaults.
+    pairs = [[("tiercache", h, lambda i, h=h: hybrid(i, h)) for h in highs]]
+    for kind in ctx.kernel["used"]:
+        pairs.append([(kind, h, lambda i, k=kind, h=h: kernel(k, h))
+                      for h in (highs if kind == "dm-writecache" else [None])])
+    groups = [g for pair in pairs for g in ([[v] for v in pair] if ctx.real else [pair])]
+
     def write_only(dbs):
         return [Sysbench(ctx, db, "oltp_write_only", p["threads"], seconds=p["seconds"], extra=["--rand-type=uniform"])
                 for db in dbs]
@@ -1244,38 +1269,28 @@ def exp_dirty(ctx):
                     destaged_mib=round((destage[-1][1] - destage[0][1]) * 4096 / MIB, 1) if len(destage) > 1 else None,
                     **more)
 
-    runs = write_only(dbs)
-    for s in samplers + runs:
-        s.start()
-    progress([(f"high {h} %", r, 0, p["seconds"]) for h, r in zip(highs, runs)])
-    results = [r.finish() for r in runs]
-    samples = [s.stop() for s in samplers]
-    for db in dbs:
-        db.stop(), db.close()
-    for st in stacks:
-        st.down(), st.close()
-    rows = [dirty_row(high, r, smp, target="tiercache") for high, r, smp in zip(highs, results, samples)]
-    # The kernel caches after. dm-writecache has the same knob (high_watermark, low_watermark
-    # 10 points below): its two runs go in parallel like tiercache's. dm-cache has no dirty
-    # threshold and bcache's (writeback_percent) is a target the kernel caps at 40 %: each runs
-    # once with its defaults.
-    for kind in ctx.kernel["used"]:
-        phase(f"dirty: {kind}")
-        pairs = [(h, dict(high_watermark=h, low_watermark=max(0, h - 10))) for h in highs] \
-            if kind == "dm-writecache" else [(None, None)]
-        ksts = [kernel_volume(ctx, kind, pristine, size, p["cache"], tag=f"-{h}" if h is not None else "",
-                              settings=st) for h, st in pairs]
-        kdbs = [MariaDB(ctx, k, ctx.args.port_base + 3 + i).start(p["buffer_pool"]) for i, k in enumerate(ksts)]
-        kruns = write_only(kdbs)
-        for r in kruns:
-            r.start()
-        progress([(k.name, r, 0, p["seconds"]) for k, r in zip(ksts, kruns)])
-        kres = [r.finish() for r in kruns]
-        for db in kdbs:
+    rows = []
+    for n, group in enumerate(groups):
+        if ctx.real and n > 0:
+            ctx.copy_image(a.backing2, a.backing, size)
+        names = [f"{t}" + (f" high {h} %" if h is not None else "") for t, h, _ in group]
+        phase(f"dirty: write-only sysbench (uniform keys, {mib(data)} of data, {p['cache']} cache), {p['seconds']} s: "
+              + (" and ".join(names) + " in parallel" if len(group) > 1 else names[0]))
+        stacks = [make(i) for i, (_, _, make) in enumerate(group)]
+        dbs = [MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]) for i, st in enumerate(stacks)]
+        samplers = [StatusSampler(st) for st in stacks if st.kind == "hybrid"]
+        runs = write_only(dbs)
+        for s in samplers + runs:
+            s.start()
+        progress([(name, r, 0, p["seconds"]) for name, r in zip(names, runs)])
+        results = [r.finish() for r in runs]
+        samples = iter([s.stop() for s in samplers])
+        for db in dbs:
             db.stop(), db.close()
-        for k in ksts:
-            k.down(), k.close()
-        rows += [dirty_row(h, r, [], target=kind) for (h, _), r in zip(pairs, kres)]
+        for st in stacks:
+            st.down(), st.close()
+        rows += [dirty_row(h, r, next(samples) if st.kind == "hybrid" else [], target=t)
+                 for (t, h, _), r, st in zip(group, results, stacks)]
     res["rows"] = rows
     ours = [r for r in rows if r["target"] == "tiercache"]
     if ours[0]["settled_tps"]:
@@ -1297,75 +1312,97 @@ def exp_dirty(ctx):
 
 def exp_latency(ctx):
     p = ctx.params
-    if ctx.real:
-        log("latency: on real devices run race/sweep instead; the optane/nvme profiles are emulated")
-        return None
+    a = ctx.args
     size = ctx.begin(needs_second_slow=False)
     res = base_result(ctx)
-    phase("latency: staging (one database, copied to each volume)")
-    image = ctx.file("image.img")
-    data = ctx.stage("stage", image, size)
+    rows = {}
+
+    def sweep(group):
+        """Warms each (name, stack) of GROUP, then runs the thread counts on them, interleaved."""
+        dbs = [MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]) for i, (_, st) in enumerate(group)]
+        # The seed compares devices holding the working set: the hybrids' caches are warmed with
+        # `tiercache preload` of the database's files (a read-only run on an HDD would take
+        # minutes to fill them), then every volume's buffer pool with a short read-only run.
+        phase(f"latency: warm-up ({', '.join(n for n, _ in group)}: tiercache preload of the database files into "
+              f"a hybrid's cache, then read-only, {p['warm_seconds']} s per volume)")
+        for n, st in group:
+            if st.kind == "hybrid":
+                pre = st.preload([os.path.join(st.mnt, "mysql")])
+                res.setdefault("preload", {})[n] = pre
+                log(f"{n}: preloaded {pre}")
+            elif st.kind in KERNEL_CACHES:
+                # No preload command: the files read twice, for what their read caching makes of it.
+                st.warm([os.path.join(st.mnt, "mysql")])
+        for (n, _), db in zip(group, dbs):
+            run_sysbench(ctx, db, "oltp_read_only", 4, seconds=p["warm_seconds"], label=n)
+        phase(f"latency: threads {p['threads_list']} x {len(group)} volumes, {p['seconds']} s each"
+              + (", interleaved" if len(group) > 1 else ""))
+        for n, _ in group:
+            rows[n] = []
+        for threads in p["threads_list"]:
+            for (n, st), db in zip(group, dbs):
+                before = st.status()
+                r = run_sysbench(ctx, db, "oltp_read_write", threads, seconds=p["seconds"], label=f"{n} x{threads}")
+                rows[n].append(dict(threads=threads, tps=r["tps"], latency_ms_avg=r.get("latency_ms_avg"),
+                                    latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
+                                    read_hit_ratio=hit_ratio(before, st.status())))
+        for db in dbs:
+            db.stop(), db.close()
+        for _, st in group:
+            st.down(), st.close()
+
+    if not ctx.real:
+        phase("latency: staging (one database, copied to each volume)")
+        image = ctx.file("image.img")
+        data = ctx.stage("stage", image, size)
+        names = ["slow alone", "hybrid (optane cache)", "hybrid (nvme cache)", "fast alone (optane)"]
+        files = {n: ctx.file(f"v{i}.img") for i, n in enumerate(names)}
+        for n in names:
+            ctx.copy_image(image, files[n], size)
+        specs = [("slow", "passthrough", dict(device=ctx.slow(files[names[0]]))),
+                 ("optane", "hybrid", dict(cache=f"emulated:optane:{ctx.file('cache-optane.img')}",
+                                           backing=ctx.slow(files[names[1]]), cache_size=p["cache"])),
+                 ("nvme", "hybrid", dict(cache=f"emulated:nvme:{ctx.file('cache-nvme.img')}",
+                                         backing=ctx.slow(files[names[2]]), cache_size=p["cache"])),
+                 ("fast", "passthrough", dict(device=f"emulated:optane:{files[names[3]]}"))]
+        group = [(n, Stack(ctx, short, kind, **kw).up()) for n, (short, kind, kw) in zip(names, specs)]
+        # The kernel caches, with the same emulated optane cache device, interleaved with the rest.
+        group += [(f"{kind} (optane cache)", kernel_volume(ctx, kind, image, size, p["cache"], fast_profile="optane"))
+                  for kind in ctx.kernel["used"]]
+        os.unlink(image)
+        sweep(group)
+        hybrid, fast = names[1], names[3]
+    else:
+        # Real devices: the cache device's own speed is the ceiling (measured on it first, before
+        # the cache is created on it), then the hybrid beside the slow device alone (--backing2,
+        # if given), then each kernel cache alone on the hybrid's devices.
+        phase("latency: staging (one database on --backing, copied to the cache device and --backing2)")
+        data = ctx.stage("stage", a.backing, size)
+        hybrid, fast = "hybrid", "fast alone (cache device)"
+        if int(run(["blockdev", "--getsize64", a.cache])) >= size:
+            ctx.copy_image(a.backing, a.cache, size)
+            sweep([(fast, Stack(ctx, "fast", "passthrough", device=a.cache).up())])
+        else:
+            log(f"latency: {a.cache} is smaller than the volume: no fast-alone rows")
+        group = []
+        if a.backing2:
+            ctx.copy_image(a.backing, a.backing2, size)
+            group.append(("slow alone", Stack(ctx, "slow", "passthrough", device=a.backing2).up()))
+        group.append((hybrid, Stack(ctx, "hybrid", "hybrid", cache=a.cache, backing=a.backing).up()))
+        sweep(group)
+        flush_real_hybrid(ctx, a.cache, a.backing)
+        for kind in ctx.kernel["used"]:
+            sweep([(kind, kernel_volume(ctx, kind, None, size, None))])
     res["data_bytes"] = data
-    names = ["slow alone", "hybrid (optane cache)", "hybrid (nvme cache)", "fast alone (optane)"]
-    files = {n: ctx.file(f"v{i}.img") for i, n in enumerate(names)}
-    for n in names:
-        ctx.copy_image(image, files[n], size)
-    specs = [("slow", "passthrough", dict(device=ctx.slow(files[names[0]]))),
-             ("optane", "hybrid", dict(cache=f"emulated:optane:{ctx.file('cache-optane.img')}",
-                                       backing=ctx.slow(files[names[1]]), cache_size=p["cache"])),
-             ("nvme", "hybrid", dict(cache=f"emulated:nvme:{ctx.file('cache-nvme.img')}",
-                                     backing=ctx.slow(files[names[2]]), cache_size=p["cache"])),
-             ("fast", "passthrough", dict(device=f"emulated:optane:{files[names[3]]}"))]
-    stacks, dbs = [], []
-    for i, (short, kind, kw) in enumerate(specs):
-        st = Stack(ctx, short, kind, **kw).up()
-        stacks.append(st)
-        dbs.append(MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]))
-    # The kernel caches, with the same emulated optane cache device, interleaved with the rest.
-    for kind in ctx.kernel["used"]:
-        st = kernel_volume(ctx, kind, image, size, p["cache"], fast_profile="optane")
-        names.append(f"{kind} (optane cache)")
-        stacks.append(st)
-        dbs.append(MariaDB(ctx, st, ctx.args.port_base + len(dbs)).start(p["buffer_pool"]))
-    os.unlink(image)
-    # The seed compares devices holding the working set: the hybrids' caches are warmed with
-    # `tiercache preload` of the database's files (a read-only run on an HDD would take
-    # minutes to fill them), then every volume's buffer pool with a short read-only run.
-    phase(f"latency: warm-up (tiercache preload of the database files into each hybrid's cache, then "
-          f"read-only, {p['warm_seconds']} s per volume)")
-    res["preload"] = {}
-    for n, st in zip(names, stacks):
-        if st.kind == "hybrid":
-            pre = st.preload([os.path.join(st.mnt, "mysql")])
-            res["preload"][n] = pre
-            log(f"{n}: preloaded {pre}")
-        elif st.kind in KERNEL_CACHES:
-            # No preload command: the files read twice, for what their read caching makes of it.
-            st.warm([os.path.join(st.mnt, "mysql")])
-    for n, db in zip(names, dbs):
-        run_sysbench(ctx, db, "oltp_read_only", 4, seconds=p["warm_seconds"], label=n)
-    phase(f"latency: threads {p['threads_list']} x {len(names)} volumes, {p['seconds']} s each, interleaved")
-    rows = {n: [] for n in names}
-    for threads in p["threads_list"]:
-        for n, st, db in zip(names, stacks, dbs):
-            before = st.status()
-            r = run_sysbench(ctx, db, "oltp_read_write", threads, seconds=p["seconds"], label=f"{n} x{threads}")
-            rows[n].append(dict(threads=threads, tps=r["tps"], latency_ms_avg=r.get("latency_ms_avg"),
-                                latency_ms_p95=r["latency_ms_p95"], latency_ms_p99=r["latency_ms_p99"],
-                                read_hit_ratio=hit_ratio(before, st.status())))
-    for db in dbs:
-        db.stop(), db.close()
-    for st in stacks:
-        st.down(), st.close()
     res["rows"] = rows
     worst = None
-    for i, r in enumerate(rows[names[1]]):
-        fast = rows[names[3]][i]["latency_ms_p99"]
-        if r["latency_ms_p99"] and fast:
-            ratio = r["latency_ms_p99"] / fast
+    for i, r in enumerate(rows[hybrid]):
+        f = rows[fast][i]["latency_ms_p99"] if fast in rows else None
+        if r["latency_ms_p99"] and f:
+            ratio = r["latency_ms_p99"] / f
             worst = ratio if worst is None else max(worst, ratio)
     res["worst_p99_hybrid_over_fast"] = round(worst, 2) if worst else None
-    res["goals"] = [dict(goal="hybrid (optane cache) p99 within 2x of fast alone at every concurrency",
+    res["goals"] = [dict(goal=f"{hybrid} p99 within 2x of fast alone at every concurrency",
                          value=res["worst_p99_hybrid_over_fast"], target=2.0,
                          met=worst is not None and worst <= 2.0)]
     return res
@@ -1379,12 +1416,15 @@ def exp_fsync(ctx):
     res = base_result(ctx)
     phase("fsync: tiercache bench fsync (emulated devices, the seed table)")
     seconds = "1" if ctx.args.quick else "3"
-    out = run([ctx.tc, "bench", "fsync", "--json", "--seconds", seconds])
+    # (On real devices the matrix also measures the raw cache device and a hybrid volume on
+    # them: bench fsync overwrites the cache device and the backing device's first blocks.)
+    real = ["--cache", ctx.args.cache, "--backing", ctx.args.backing, "--destructive"] if ctx.real else []
+    out = run([ctx.tc, "bench", "fsync", "--json", "--seconds", seconds, *real])
     res["bench"] = json.loads(out)
     hybrid = [r for r in res["bench"]["results"] if r.get("ratio_to_raw_cache") is not None]
     res["goals"] = [goal("hybrid fsync rate at least 90 % of the raw cache device", hybrid[0]["ratio_to_raw_cache"]
                          if hybrid else None, 0.9)]
-    if ctx.kernel["used"] and not ctx.real:
+    if ctx.kernel["used"]:
         res["block_rows"] = fsync_block_rows(ctx, seconds=float(seconds))
     return res
 
@@ -1413,43 +1453,63 @@ def fsync_loop(dev, seconds, region=64 * MIB):
 
 def fsync_block_rows(ctx, seconds, rounds=3):
     """The seed's fsync comparison with the kernel caches as rows: the same loop (4 KiB O_DIRECT
-    write + fdatasync, QD1) on block devices, the fast device an emulated optane and the slow
-    one the emulated slow profile: the optane alone (a loop device over its FUSE file), the
-    hybrid (tiercache serve --fuse, loop), and each kernel cache. Interleaved rounds, medians;
-    the ratio is to the optane alone measured the same way."""
+    write + fdatasync, QD1) on block devices: the fast device alone, the hybrid (tiercache serve
+    --fuse, loop), and each kernel cache. On files the fast device is an emulated optane (a loop
+    device over its FUSE file) and the slow one the emulated slow profile, and the rounds are
+    interleaved; on real devices each target has them to itself in turn (the raw cache device,
+    then the hybrid, then each kernel cache, on --cache and --backing). Medians of the rounds;
+    the ratio is to the fast device alone measured the same way."""
     size = 1 << 30
     cache = "256M"
-    phase(f"fsync: block devices (optane alone, hybrid, {', '.join(ctx.kernel['used'])}), "
+    fast_name = "cache device alone" if ctx.real else "optane alone"
+    phase(f"fsync: block devices ({fast_name}, hybrid, {', '.join(ctx.kernel['used'])}), "
           f"{rounds} rounds of {seconds:g} s")
     os.makedirs(ctx.devdir, exist_ok=True)
-    targets = []
-    fast = Stack(ctx, "fsync-fast", "passthrough", device=f"emulated:optane:{ctx.file('fast.img')}")
-    with open(ctx.file("fast.img"), "wb") as f:
-        f.truncate(size)
-    targets.append(("optane alone", fast.up(mount=False).loop))
-    with open(ctx.file("slow.img"), "wb") as f:
-        f.truncate(size)
-    hyb = Stack(ctx, "fsync-hybrid", "hybrid", cache=f"emulated:optane:{ctx.file('cache.img')}",
-                backing=ctx.slow(ctx.file("slow.img")), cache_size=cache)
-    targets.append(("tiercache (FUSE + loop)", hyb.up(mount=False).loop))
-    kernel = [kernel_volume(ctx, kind, None, size, cache, fast_profile="optane", mount=False)
-              for kind in ctx.kernel["used"]]
-    targets += [(k.kind, k.dev) for k in kernel]
-    rates = {n: [] for n, _ in targets}
-    lats = {n: [] for n, _ in targets}
-    for _ in range(rounds):
-        for n, dev in targets:
-            rate, lat = fsync_loop(dev, seconds)
-            rates[n].append(rate)
-            lats[n] += lat
-            log(f"fsync: {n}: {rate:,.0f}/s")
-    for k in kernel:
-        k.down(), k.close()
-    for st in (hyb, fast):
-        st.down(), st.close()
-    ref = median(rates["optane alone"])
+    rates, lats = {}, {}
+
+    def measure(targets):
+        for n, _ in targets:
+            rates[n], lats[n] = [], []
+        for _ in range(rounds):
+            for n, dev in targets:
+                rate, lat = fsync_loop(dev, seconds)
+                rates[n].append(rate)
+                lats[n] += lat
+                log(f"fsync: {n}: {rate:,.0f}/s")
+
+    hybrid_name = "tiercache (FUSE + loop)"
+    if ctx.real:
+        measure([(fast_name, ctx.args.cache)])
+        hyb = Stack(ctx, "fsync-hybrid", "hybrid", cache=ctx.args.cache, backing=ctx.args.backing)
+        measure([(hybrid_name, hyb.up(mount=False).loop)])
+        hyb.down(), hyb.close()
+        for kind in ctx.kernel["used"]:
+            k = kernel_volume(ctx, kind, None, size, None, mount=False)
+            measure([(kind, k.dev)])
+            k.down(), k.close()
+        names = [fast_name, hybrid_name, *ctx.kernel["used"]]
+    else:
+        with open(ctx.file("fast.img"), "wb") as f:
+            f.truncate(size)
+        fast = Stack(ctx, "fsync-fast", "passthrough", device=f"emulated:optane:{ctx.file('fast.img')}")
+        targets = [(fast_name, fast.up(mount=False).loop)]
+        with open(ctx.file("slow.img"), "wb") as f:
+            f.truncate(size)
+        hyb = Stack(ctx, "fsync-hybrid", "hybrid", cache=f"emulated:optane:{ctx.file('cache.img')}",
+                    backing=ctx.slow(ctx.file("slow.img")), cache_size=cache)
+        targets.append((hybrid_name, hyb.up(mount=False).loop))
+        kernel = [kernel_volume(ctx, kind, None, size, cache, fast_profile="optane", mount=False)
+                  for kind in ctx.kernel["used"]]
+        targets += [(k.kind, k.dev) for k in kernel]
+        measure(targets)
+        for k in kernel:
+            k.down(), k.close()
+        for st in (hyb, fast):
+            st.down(), st.close()
+        names = [n for n, _ in targets]
+    ref = median(rates[fast_name])
     rows = []
-    for n, _ in targets:
+    for n in names:
         lat = sorted(lats[n])
         rows.append(dict(target=n, fsyncs_per_second=round(median(rates[n])), ratio_to_fast=round(median(rates[n]) / ref, 3),
                          latency_us_p50=round(lat[len(lat) // 2], 1), latency_us_p99=round(lat[int(len(lat) * 0.99)], 1)))
@@ -1562,8 +1622,10 @@ def charts(res, outdir):
     elif exp == "latency":
         fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
         for ax, pct in zip(axes, (95, 99)):
-            for (name, pts), color in zip(res["rows"].items(), ["tab:red", "tab:green", "tab:olive", "tab:blue",
-                                                               *KERNEL_COLORS]):
+            for name, pts in res["rows"].items():
+                color = ("tab:red" if name.startswith("slow") else "tab:blue" if name.startswith("fast")
+                         else "tab:olive" if "nvme" in name else "tab:green" if name.startswith("hybrid")
+                         else dict(zip(KERNEL_CACHES, KERNEL_COLORS)).get(name.split()[0], "tab:gray"))
                 ax.plot([x["threads"] for x in pts], [x[f"latency_ms_p{pct}"] for x in pts], "o-", color=color, label=name)
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
@@ -1676,9 +1738,12 @@ def section(res):
                          f"{fmt(r['latency_us_p99'])} | {fmt(r.get('documented_fsyncs_per_second'), 0)} |")
         lines += ["", f"![fsync](fsync-rate{tag}.png)"]
         if res.get("block_rows"):
-            lines += ["", "The same loop on block devices (4 KiB O_DIRECT write + fdatasync, QD1; emulated optane "
-                      "cache, emulated slow device; medians of interleaved rounds):", "",
-                      "| target | fsync/s | ratio to optane alone | p50 us | p99 us |", "| --- | ---: | ---: | ---: | ---: |"]
+            where = ("the real devices, each target alone in turn" if res["real_devices"] else
+                     "emulated optane cache, emulated slow device, interleaved rounds")
+            lines += ["", f"The same loop on block devices (4 KiB O_DIRECT write + fdatasync, QD1; {where}; medians "
+                      "of the rounds):", "",
+                      "| target | fsync/s | ratio to the fast device alone | p50 us | p99 us |",
+                      "| --- | ---: | ---: | ---: | ---: |"]
             for r in res["block_rows"]:
                 lines.append(f"| {r['target']} | {fmt(r['fsyncs_per_second'])} | {fmt(r['ratio_to_fast'], 2)} | "
                              f"{fmt(r['latency_us_p50'])} | {fmt(r['latency_us_p99'])} |")

@@ -6,10 +6,12 @@
 # device, bcache device, loop device, mount or process. Results (JSON, charts, report.md) go
 # to /out/results. Needs the VM built with --with-db (MariaDB, sysbench, FUSE, matplotlib):
 #   scripts/vm/build.sh --with-db
-#   VM_TIMEOUT=5400 scripts/vm/run.sh --dir /var/tmp/tiercache-vm-db --mem 8192 \
+#   VM_TIMEOUT=3600 scripts/vm/run.sh --dir /var/tmp/tiercache-vm-db --mem 8192 \
 #       --disk work:24G scripts/vm/guest/seeds-kernel.sh --out DIR
-# A file DIR/experiments (one line, e.g. "race dirty"; default "all") picks the experiments;
-# DIR/commit (`git rev-parse --short HEAD`) names the tree in the charts; a file DIR/args adds options, e.g. the real-device mode on more virtio disks:
+# Then bench/tests/test_seeds.py's interrupted runs, with the three kernel caches up.
+# Files in DIR, all optional: `experiments` (one line, e.g. "race dirty"; default "all");
+# `commit` (`git rev-parse --short HEAD`: git is not in the guest) names the tree in the
+# charts; `args` adds options, e.g. the real-device mode on three more virtio disks:
 #   echo "--cache /dev/vdb --backing /dev/vdc --backing2 /dev/vdd --destructive" > DIR/args
 #   ... --disk work:24G --disk cache:1G --disk b1:2G --disk b2:2G ...
 set -eu
@@ -22,7 +24,6 @@ mkdir -p $W && mount /dev/vda $W
 EXPS=all ARGS=""
 [ -s /out/experiments ] && EXPS=$(cat /out/experiments)
 [ -s /out/args ] && ARGS=$(cat /out/args)
-# (git is not in the guest: DIR/commit, if written, names the tree in the charts.)
 [ -s /out/commit ] && export TIERCACHE_COMMIT="$(cat /out/commit)"
 rc=0
 for e in $EXPS; do
@@ -30,6 +31,10 @@ for e in $EXPS; do
     python3 /host/bench/seeds.py "$e" --quick --kernel-caches dm-writecache,dm-cache,bcache \
         --tiercache /host/target/release/tiercache --workdir $W/run --results /out/results $ARGS || rc=1
 done
+# A run stopped by Ctrl-C or SIGTERM mid-phase, with the three kernel caches up, leaves nothing
+# either (bench/tests/test_seeds.py; its quick runs are small enough for the guest's RAM).
+TEST_SEEDS_KERNEL_CACHES=dm-writecache,dm-cache,bcache TIERCACHE=/host/target/release/tiercache \
+    python3 /host/bench/tests/test_seeds.py Interrupted || rc=1
 left=""
 [ -z "$(dmsetup ls 2>/dev/null | grep -v 'No devices found')" ] || left="$left dm:$(dmsetup ls | tr '\n' ' ')"
 ls /sys/block | grep -q '^bcache' && left="$left bcache:$(ls /sys/block | grep '^bcache' | tr '\n' ' ')"
