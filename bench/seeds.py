@@ -203,6 +203,10 @@ class Cleanup:
         self.steps[self.next] = (what, fn)
         return self.next
 
+    def forget(self, token):
+        """Drops a step without running it (its owner's own undo now covers it)."""
+        self.steps.pop(token, None)
+
     def pop(self, token):
         """Runs one undo now (out of order is fine: each undo is idempotent)."""
         step = self.steps.pop(token, None)
@@ -400,28 +404,36 @@ class KernelStack:
         if spec.startswith("emulated:"):
             st = Stack(self.ctx, f"{self.name}-{role}", "passthrough", device=spec)
             self.parts.append((f"{role} server", lambda: (st.down(), st.close())))
-            return st.up(mount=False).loop
+            st.up(mount=False)
+            # From here this stack's own undo takes the server down, after what sits on it
+            # (the global step, pushed after this stack's, would run first).
+            CLEANUP.forget(st.token)
+            st.token = None
+            return st.loop
         if size is not None:
             with open(spec, "ab") as f:
                 f.truncate(size)
-        loop = run(["losetup", "--direct-io=on", "--show", "-f", spec]).strip()
-        self.parts.append((f"{role} loop", lambda: run(["losetup", "-d", loop], check=False)))
-        return loop
+        # (The undo first: an interrupt may land after losetup attached the file.)
+        self.parts.append((f"{role} loop", lambda: [run(["losetup", "-d", line.split(":")[0]], check=False)
+                                                    for line in run(["losetup", "-j", spec]).splitlines()]))
+        return run(["losetup", "--direct-io=on", "--show", "-f", spec]).strip()
 
     def _dmsetup_create(self, name, table):
-        run(["dmsetup", "create", name, "--table", table])
         self.parts.append((f"dm {name}", lambda: self._dm_remove(name)))
+        run(["dmsetup", "create", name, "--table", table])
         run(["dmsetup", "mknodes", name], check=False)
         return f"/dev/mapper/{name}"
 
-    @staticmethod
-    def _dm_remove(name):
+    def _dm_remove(self, name):
         for _ in range(50):
             if subprocess.run(["dmsetup", "info", name], capture_output=True).returncode != 0:
                 return
             if subprocess.run(["dmsetup", "remove", name], capture_output=True).returncode == 0:
                 return
             time.sleep(0.2)
+        if self.clean_on_down:
+            # (Never --force on a real device: dirty data could still be in flight.)
+            raise RuntimeError(f"{name} stays busy; left in place (remove it with dmsetup remove {name})")
         run(["dmsetup", "remove", "--force", name], check=False)
 
     def up(self):
@@ -442,10 +454,10 @@ class KernelStack:
             n = 2 * len(opts)
             self.dev = self._dmsetup_create(self.dm, f"0 {sectors(slow)} writecache s {slow} {fast} 4096 {n} {args}".rstrip())
         elif self.kind == "dm-cache":
-            # Metadata: 8 MiB, or 1/256 of the cache if larger (4 MiB + 16 bytes per block is
-            # what it needs); blocks of 64 KiB, lvmcache's default; smq, write-back.
+            # Metadata: what it needs, 4 MiB + 16 bytes per block, rounded up to a MiB; blocks
+            # of 64 KiB, lvmcache's default; smq, write-back.
             total = sectors(fast)
-            meta = max(16384, total // 256 // 8 * 8)
+            meta = (4 * MIB + 16 * (total // 128) + MIB - 1) // MIB * MIB // 512
             mdev = self._dmsetup_create(self.dm + "-meta", f"0 {meta} linear {fast} 0")
             ddev = self._dmsetup_create(self.dm + "-data", f"0 {total - meta} linear {fast} {meta}")
             self.table = f"0 {sectors(slow)} cache {mdev} {ddev} {slow} 128 1 writeback smq 0"
@@ -457,6 +469,8 @@ class KernelStack:
             bucket = 512 * 1024
             while sectors(fast) * 512 // bucket < 1024 and bucket > 16 * 1024:
                 bucket //= 2
+            fastname, slowname = os.path.basename(fast), os.path.basename(slow)
+            self.parts.append(("bcache", lambda: self._bcache_stop(fastname, slowname)))
             run(["make-bcache", "--wipe-bcache", "--bucket", f"{bucket // 1024}k", "-C", fast, "-B", slow,
                  "--writeback"])
             for d in (fast, slow):
@@ -471,14 +485,16 @@ class KernelStack:
             else:
                 raise RuntimeError(f"{self.name}: bcache did not come up over {slow}")
             self.bcache = found[0]
-            fastname = os.path.basename(fast)
-            self.parts.append(("bcache", lambda: self._bcache_stop(fastname)))
             self.dev = f"/dev/{self.bcache}"
             sysfs = f"/sys/block/{self.bcache}/bcache"
             for _ in range(50):
                 if os.path.exists(f"{sysfs}/cache"):  # attached to its cache set
                     break
                 time.sleep(0.2)
+            else:
+                # (Else the row would measure the slow device through bcache, uncached.)
+                raise RuntimeError(f"{self.name}: {self.dev} did not attach to its cache set "
+                                   f"(state: {open(f'{sysfs}/state').read().strip()})")
             if self.image:
                 # The image goes straight to the backing device, not through the cache.
                 write_sysfs(f"{sysfs}/cache_mode", "none")
@@ -490,7 +506,7 @@ class KernelStack:
             run(["mount", self.dev, self.mnt])
         return self
 
-    def _bcache_stop(self, fastname):
+    def _bcache_stop(self, fastname, slowname):
         if self.clean_on_down and self.bcache:
             # Write back: no dirty data may stay behind on a real backing device.
             sysfs = f"/sys/block/{self.bcache}/bcache"
@@ -499,13 +515,14 @@ class KernelStack:
                 write_sysfs(f"{sysfs}/cache_mode", "writethrough")
                 self._wait(lambda: re.fullmatch(r"0(\.0+)?[kMGT]?", open(f"{sysfs}/dirty_data").read().strip()),
                            "bcache write-back")
-        if self.bcache and os.path.exists(f"/sys/block/{self.bcache}/bcache/stop"):
-            write_sysfs(f"/sys/block/{self.bcache}/bcache/stop", 1)
+        # (Through the members' own sysfs: this works before /dev/bcacheN has appeared too.)
+        if os.path.exists(f"/sys/block/{slowname}/bcache/stop"):
+            write_sysfs(f"/sys/block/{slowname}/bcache/stop", 1)
         cset = f"/sys/block/{fastname}/bcache/set"
         if os.path.exists(cset):
             write_sysfs(os.path.join(os.path.realpath(cset), "stop"), 1)
         self._wait(lambda: not os.path.exists(f"/sys/block/{fastname}/bcache")
-                   and not (self.bcache and os.path.exists(f"/sys/block/{self.bcache}")), "bcache to stop")
+                   and not os.path.exists(f"/sys/block/{slowname}/bcache"), "bcache to stop", seconds=120)
         self.bcache = None
 
     def _wait(self, done, what, seconds=3600):
@@ -520,6 +537,10 @@ class KernelStack:
         if self.kind == "dm-writecache":
             run(["dmsetup", "message", self.dm, "0", "flush_on_suspend"])
             run(["dmsetup", "suspend", self.dm])  # returns once written back
+            f = self.dm_status()
+            if f[3] != "0" or f[6] != "0":  # error indicator, blocks under write-back
+                raise RuntimeError(f"{self.name}: dm-writecache did not write everything back (status: "
+                                   f"{' '.join(f)}); left in place")
         elif self.kind == "dm-cache":
             run(["dmsetup", "suspend", self.dm])
             run(["dmsetup", "reload", self.dm, "--table", self.table.replace("writeback smq 0", "writeback cleaner 0")])
@@ -556,14 +577,18 @@ class KernelStack:
             else:
                 run(["umount", "-l", self.mnt], check=False)
             if self.clean_on_down and self.kind != "bcache":
+                # (If this fails the devices stay: removing them would drop dirty data that
+                # the real backing device does not hold.)
                 self._clean_dm()
             self.dev = None
         while self.parts:
-            what, fn = self.parts.pop()
+            what, fn = self.parts[-1]
             try:
                 fn()
             except Exception as e:  # undo the rest anyway
                 log(f"{self.name}: taking down {what}: {e}")
+            # (Popped once done: a Ctrl-C in the middle leaves it for the next attempt.)
+            self.parts.pop()
 
     def close(self):
         if self.token is not None:
@@ -839,6 +864,9 @@ class Ctx:
         self.kernel = kernel_caches(args.kernel_caches)
         if self.real:
             # bcache would take the start of the real backing device (see KernelStack).
+            if args.kernel_caches not in ("auto", "none") and "bcache" in args.kernel_caches.split(","):
+                sys.exit("seeds: --kernel-caches: bcache cannot run on real devices (make-bcache would take the "
+                         "start of the backing device, which holds the staged database)")
             if "bcache" in self.kernel["used"]:
                 self.kernel["used"].remove("bcache")
                 self.kernel["note"] = (("measured as extra rows: " + ", ".join(self.kernel["used"]) + "; "
@@ -909,7 +937,7 @@ def kernel_volume(ctx, kind, image, size, cache_size, tag="", fast_profile=None,
     name = kind + tag
     if ctx.real:
         return KernelStack(ctx, name, kind, ctx.args.cache, ctx.args.backing, settings=settings,
-                           clean_on_down=True).up()
+                           clean_on_down=True, mount=mount).up()
     slow, cache = ctx.file(f"{name}-slow.img"), ctx.file(f"{name}-cache.img")
     if kind == "bcache" or image is None:
         with open(slow, "wb") as f:
@@ -936,10 +964,11 @@ def kernel_volumes(ctx, image, size, cache_size, **kw):
 
 
 def flush_real_hybrid(ctx, cache, backing):
-    """On real devices, before a kernel cache takes them: the hybrid's dirty data written back
-    (`tiercache flush`), so the backing device alone holds the database."""
-    if ctx.real and ctx.kernel["used"]:
-        log(f"writing the hybrid's dirty data back to {backing} (tiercache flush) for the kernel caches")
+    """On real devices, once the hybrid is done with them: its dirty data written back (`tiercache
+    flush`), so the backing device alone holds the database for a kernel cache, and the next
+    experiment finds a clean cache device (`bench fsync` refuses one holding dirty data)."""
+    if ctx.real:
+        log(f"writing the hybrid's dirty data back to {backing} (tiercache flush)")
         run([ctx.tc, "flush", "--cache", cache, "--backing", backing])
 
 
@@ -1231,6 +1260,16 @@ def exp_dirty(ctx):
         ctx.copy_image(backings[0], backings[1], size)
         pristine = pristine_image(ctx, backings[0], size)
     res["data_bytes"] = data
+    cache_label = f"{p['cache']} cache"
+    if ctx.real:
+        # (The whole cache device is the cache: the workload is larger than it only if the
+        # data is; --scale and --set volume size the data.)
+        cache_bytes = int(run(["blockdev", "--getsize64", a.cache]))
+        res["cache_bytes"] = cache_bytes
+        cache_label = f"the {mib(cache_bytes)} cache device {a.cache}"
+        if data <= cache_bytes:
+            log(f"dirty: the data ({mib(data)}) fits in {a.cache} ({mib(cache_bytes)}): the workload is not larger "
+                "than the cache (raise --scale)")
 
     def hybrid(i, high):
         cache, backing = (a.cache, a.backing) if ctx.real else (ctx.file(f"cache-{i}.img"), ctx.slow(backings[i]))
@@ -1274,7 +1313,7 @@ def exp_dirty(ctx):
         if ctx.real and n > 0:
             ctx.copy_image(a.backing2, a.backing, size)
         names = [f"{t}" + (f" high {h} %" if h is not None else "") for t, h, _ in group]
-        phase(f"dirty: write-only sysbench (uniform keys, {mib(data)} of data, {p['cache']} cache), {p['seconds']} s: "
+        phase(f"dirty: write-only sysbench (uniform keys, {mib(data)} of data, {cache_label}), {p['seconds']} s: "
               + (" and ".join(names) + " in parallel" if len(group) > 1 else names[0]))
         stacks = [make(i) for i, (_, _, make) in enumerate(group)]
         dbs = [MariaDB(ctx, st, ctx.args.port_base + i).start(p["buffer_pool"]) for i, st in enumerate(stacks)]
@@ -1419,6 +1458,10 @@ def exp_fsync(ctx):
     # (On real devices the matrix also measures the raw cache device and a hybrid volume on
     # them: bench fsync overwrites the cache device and the backing device's first blocks.)
     real = ["--cache", ctx.args.cache, "--backing", ctx.args.backing, "--destructive"] if ctx.real else []
+    if ctx.real:
+        # (An earlier experiment's hybrid may have left dirty data there; bench fsync refuses
+        # such a cache. Nothing to write back is fine too.)
+        run([ctx.tc, "flush", "--cache", ctx.args.cache, "--backing", ctx.args.backing], check=False)
     out = run([ctx.tc, "bench", "fsync", "--json", "--seconds", seconds, *real])
     res["bench"] = json.loads(out)
     hybrid = [r for r in res["bench"]["results"] if r.get("ratio_to_raw_cache") is not None]
@@ -1549,7 +1592,10 @@ def charts(res, outdir):
 
     if exp == "race":
         fig, ax = plt.subplots(figsize=(8, 4.2))
-        for r, color in zip(res["rows"], ["tab:green", "tab:red", "tab:blue", *KERNEL_COLORS]):
+        colors = dict(zip(["hybrid", "slow alone", "fast alone", *KERNEL_CACHES],
+                          ["tab:green", "tab:red", "tab:blue", *KERNEL_COLORS]))
+        for r in res["rows"]:
+            color = colors.get(r["target"], "tab:gray")
             q = r["qps_series"]
             xs = range(1, len(q) + 1)
             ax.plot(xs, [max(v, 1) for v in q], color=color, lw=0.5, alpha=0.35)
@@ -1686,7 +1732,9 @@ def section(res):
     if "data_bytes" in res:
         lines.append(f"Data: {p.get('tables')} tables x {p.get('table_size'):,} rows = {mib(res['data_bytes'])}; "
                      + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in p.items()
-                                 if k in ("cache", "buffer_pool", "threads", "warm_seconds", "seconds", "events")) + ".")
+                                 if k in ("buffer_pool", "threads", "warm_seconds", "seconds", "events")
+                                 or (k == "cache" and not res["real_devices"])) + "."
+                     + (f" The cache: the whole cache device, {mib(res['cache_bytes'])}." if res.get("cache_bytes") else ""))
         lines.append("")
     if exp == "race":
         lines += ["| volume | transactions | time to finish (s) | tps | p95 ms | p99 ms |",
@@ -1853,8 +1901,8 @@ def main(argv=None):
         rc = 130
     finally:
         # A second Ctrl-C must not cut the clean-up short.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
         CLEANUP.run_all()
     return rc
 

@@ -12,7 +12,8 @@
 # Files in DIR, all optional: `experiments` (one line, e.g. "race dirty"; default "all");
 # `commit` (`git rev-parse --short HEAD`: git is not in the guest) names the tree in the
 # charts; `args` adds options, e.g. the real-device mode on three more virtio disks:
-#   echo "--cache /dev/vdb --backing /dev/vdc --backing2 /dev/vdd --destructive" > DIR/args
+#   echo "--cache /dev/vdb --backing /dev/vdc --backing2 /dev/vdd --destructive \
+#         --kernel-caches dm-writecache,dm-cache" > DIR/args     (bcache cannot run there)
 #   ... --disk work:24G --disk cache:1G --disk b1:2G --disk b2:2G ...
 set -eu
 modprobe -a fuse loop dm_writecache dm_cache dm_cache_smq bcache
