@@ -271,7 +271,8 @@ def model_ring(trace, cap):
 def model_adaptive(trace, cap, gate='duel'):
     """The adaptive policy; with `gate` 'duel', two miniature simulations (gate on, off) on
     the blocks a hash samples at 1 in S (a power of two: each holds 2,048 to 65,536 blocks)
-    pick the gate, by misses decayed by 0.9999 per sampled read (duel.rs)."""
+    pick the gate, by misses decayed by 0.9999 per sampled read, switching once the other
+    rule misses 5 % less (duel.rs)."""
     real = Adaptive(cap, gate=(gate == 'on'))
     if gate != 'duel':
         for b in trace:
@@ -287,7 +288,8 @@ def model_adaptive(trace, cap, gate='duel'):
         if Sketch.mix(b ^ salt) & (rate - 1) == 0:
             for i, sim in enumerate(sims):
                 missed[i] = missed[i] * 0.9999 + (not sim.step(b))
-            real.gate = missed[0] < missed[1]
+            # (Switching only past a 5 % margin, as duel.rs's SWITCH_MARGIN.)
+            real.gate = missed[1] >= missed[0] * 0.95 if real.gate else missed[0] < missed[1] * 0.95
         real.step(b)
     return real.misses / real.reads, (real.copies + real.log.copies) / real.reads
 

@@ -20,8 +20,8 @@
 //! simulation is the policy at `1 / rate` of the size: the probation ring, the log with its
 //! reclaim windows and reinsertion, the ghost queue, the sketch. Misses are counted with an
 //! exponential decay (a time constant of 10,000 sampled reads), and the real cache switches
-//! rule when the other simulation's count is lower. Deterministic: no randomness, so a
-//! replay and the simulator stay reproducible.
+//! rule when the other simulation's count is lower by `SWITCH_MARGIN` (5 %). Deterministic:
+//! no randomness, so a replay and the simulator stay reproducible.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -34,6 +34,13 @@ const MINI_MAX_BLOCKS: u64 = 65_536;
 const MAX_SMALL_RATE: u64 = 16;
 /// Per sampled read, the weight older misses keep.
 const DECAY: f64 = 0.9999;
+/// How much fewer misses (relative) the other rule's simulation must count before the real
+/// cache switches to it. Without it the choice flapped where the two simulations ran close
+/// (351 switches at 5 % of arc_P6, 33 at 25 %), and each switch costs the real cache misses
+/// the simulations do not see (a gate turned on mid-way refuses ghosts of a log that filled
+/// without it). On the shared traces: 0 % missed 2.15 % more than the best published policy
+/// on average, 2 % 1.94 %, 5 % 1.90 %, 10 % 1.94 %, 20 % 2.14 %.
+const SWITCH_MARGIN: f64 = 0.05;
 /// Salt of the sampling hash (not the sketch's: a sampled block must not also be more
 /// likely to collide in the sketch).
 const SAMPLE_SALT: u64 = 0x5A4D_504C_4544_5545;
@@ -45,6 +52,16 @@ const RECORD_BLOCKS: usize = 168;
 const RING_BATCH: usize = 64;
 /// Slots from the log's head scanned for the victim whose frequency the gate compares with.
 pub const VICTIM_SCAN_SLOTS: usize = 64;
+
+/// The rule to follow, from the one followed now and the decayed misses [with the gate,
+/// without]: the other one only once it misses `SWITCH_MARGIN` less.
+fn choose(gate: bool, [with, without]: [f64; 2]) -> bool {
+    if gate {
+        without >= with * (1.0 - SWITCH_MARGIN)
+    } else {
+        with < without * (1.0 - SWITCH_MARGIN)
+    }
+}
 
 /// The two simulations and the choice between them.
 pub struct Duel {
@@ -83,9 +100,9 @@ impl Duel {
             let hit = sim.read(block, counts, admit);
             *misses = *misses * DECAY + f64::from(u8::from(!hit));
         }
-        let better = self.misses[0] < self.misses[1];
-        if better != self.gate {
-            self.gate = better;
+        let gate = choose(self.gate, self.misses);
+        if gate != self.gate {
+            self.gate = gate;
             self.switches += 1;
         }
     }
@@ -361,6 +378,17 @@ mod tests {
             d.read(block, true, true);
         }
         assert!(!d.gate(), "misses with the gate {:.0}, without {:.0}", d.misses()[0], d.misses()[1]);
+    }
+
+    /// Two rules that miss about as much do not make the cache flap between them: it keeps
+    /// the one it follows until the other misses 5 % less.
+    #[test]
+    fn the_choice_switches_only_past_the_margin() {
+        assert!(!choose(false, [97.0, 100.0]), "3 % fewer misses with the gate: stay without");
+        assert!(choose(false, [94.0, 100.0]), "6 % fewer: switch to the gate");
+        assert!(choose(true, [100.0, 97.0]), "3 % fewer without: keep the gate");
+        assert!(!choose(true, [100.0, 94.0]), "6 % fewer without: switch");
+        assert!(!choose(false, [0.0, 0.0]) && choose(true, [0.0, 0.0]), "no misses yet: no switch");
     }
 
     #[test]
