@@ -229,6 +229,17 @@ def on_signal(signum, _frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def unmount(mnt):
+    """Unmounts MNT if mounted, retrying while busy for 10 s, then lazily."""
+    for _ in range(50):
+        if subprocess.run(["mountpoint", "-q", mnt]).returncode != 0:
+            return
+        if subprocess.run(["umount", mnt], capture_output=True).returncode == 0:
+            return
+        time.sleep(0.2)
+    run(["umount", "-l", mnt], check=False)
+
+
 def stop_process(p, sig=signal.SIGTERM, timeout=120):
     if p.poll() is not None:
         return
@@ -314,14 +325,7 @@ class Stack:
 
     def down(self):
         if self.loop:
-            for attempt in range(50):
-                if subprocess.run(["mountpoint", "-q", self.mnt]).returncode != 0:
-                    break
-                if subprocess.run(["umount", self.mnt], capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.2)
-            else:
-                run(["umount", "-l", self.mnt], check=False)
+            unmount(self.mnt)
             run(["losetup", "-d", self.loop], check=False)
             self.loop = None
         if self.server:
@@ -568,14 +572,7 @@ class KernelStack:
 
     def down(self):
         if self.dev:
-            for _ in range(50):
-                if subprocess.run(["mountpoint", "-q", self.mnt]).returncode != 0:
-                    break
-                if subprocess.run(["umount", self.mnt], capture_output=True).returncode == 0:
-                    break
-                time.sleep(0.2)
-            else:
-                run(["umount", "-l", self.mnt], check=False)
+            unmount(self.mnt)
             if self.clean_on_down and self.kind != "bcache":
                 # (If this fails the devices stay: removing them would drop dirty data that
                 # the real backing device does not hold.)
@@ -1362,8 +1359,11 @@ def exp_latency(ctx):
         # The seed compares devices holding the working set: the hybrids' caches are warmed with
         # `tiercache preload` of the database's files (a read-only run on an HDD would take
         # minutes to fill them), then every volume's buffer pool with a short read-only run.
-        phase(f"latency: warm-up ({', '.join(n for n, _ in group)}: tiercache preload of the database files into "
-              f"a hybrid's cache, then read-only, {p['warm_seconds']} s per volume)")
+        how = [w for w, kinds in (("tiercache preload of the database files into each hybrid's cache", {"hybrid"}),
+                                  ("the files read twice through each kernel cache", set(KERNEL_CACHES)))
+               if any(st.kind in kinds for _, st in group)]
+        phase(f"latency: warm-up ({', '.join(n for n, _ in group)}: {''.join(w + ', then ' for w in how)}"
+              f"read-only, {p['warm_seconds']} s per volume)")
         for n, st in group:
             if st.kind == "hybrid":
                 pre = st.preload([os.path.join(st.mnt, "mysql")])

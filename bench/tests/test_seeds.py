@@ -149,6 +149,7 @@ class Interrupted(unittest.TestCase):
             self.assertTrue(leftovers(work), "nothing was running yet: the test would prove nothing")
             p.send_signal(sig)
             rest = p.stderr.read()
+            p.stderr.close()
             rc = p.wait(timeout=300)
             self.assertEqual(rc, 130, rest)
             self.assertIn("interrupted: cleaning up", rest)

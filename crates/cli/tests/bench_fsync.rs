@@ -94,3 +94,51 @@ fn json_report_has_the_documented_shape() {
     }
     assert_eq!(results.last().unwrap()["io_mode"], "buffered");
 }
+
+/// `--cache` on a block device: the raw row is that device itself, measured before the hybrid
+/// formats it, not a file named after it (which landed in /dev, in RAM, and made the hybrid
+/// look 100x slower than the "raw cache device"). A loop device stands in for the NVMe.
+#[test]
+fn a_block_device_cache_is_measured_raw_itself_first() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test attaches a loop device: run it as root (CI does)");
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (cache_file, backing) = (dir.path().join("cache.img"), dir.path().join("backing.img"));
+    std::fs::File::create(&cache_file).unwrap().set_len(256 << 20).unwrap();
+    std::fs::File::create(&backing).unwrap().set_len(1 << 30).unwrap();
+    let attach = std::process::Command::new("losetup")
+        .args(["--direct-io=on", "--show", "-f", cache_file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(attach.status.success(), "losetup: {}", String::from_utf8_lossy(&attach.stderr));
+    let dev = String::from_utf8(attach.stdout).unwrap().trim().to_string();
+    struct Detach(String);
+    impl Drop for Detach {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("losetup").args(["-d", &self.0]).status();
+        }
+    }
+    let _detach = Detach(dev.clone());
+    let out = tiercache(&[
+        "bench",
+        "fsync",
+        "--seconds",
+        "0.3",
+        "--json",
+        "--cache",
+        &dev,
+        "--backing",
+        backing.to_str().unwrap(),
+        "--destructive",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let raw_file = format!("{dev}.raw-bench");
+    assert!(!std::path::Path::new(&raw_file).exists(), "{raw_file} was created");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let results = v["results"].as_array().unwrap();
+    let targets: Vec<&str> = results.iter().map(|r| r["target"].as_str().unwrap()).collect();
+    assert_eq!(targets.first(), Some(&dev.as_str()), "the raw device first: {targets:?}");
+    let hybrid = results.iter().find(|r| r["target"].as_str().unwrap().starts_with("hybrid (")).expect("a hybrid row");
+    assert_eq!(hybrid["raw_cache_target"], format!("{dev} (o_direct)"), "{hybrid}");
+    assert!(hybrid["ratio_to_raw_cache"].as_f64().unwrap() > 0.0, "{hybrid}");
+}

@@ -38,10 +38,12 @@ pub struct FsyncArgs {
     /// emulated:nvme, emulated:usb-disk and hybrid.
     #[arg(long = "target", value_name = "TARGET")]
     targets: Vec<String>,
-    /// With --backing: also measure a hybrid volume on these real files (the cache file is
-    /// formatted, the backing file's first blocks are overwritten), and the raw cache file.
-    /// Files that hold anything (a file system, a partition table, a tiercache cache) need
-    /// --destructive; a tiercache cache holding dirty data is never formatted.
+    /// With --backing: also measure a hybrid volume on these real files or block devices (the
+    /// cache is formatted, the backing's first blocks are overwritten), and the raw cache: a
+    /// preconditioned file beside a cache file, or a cache block device itself, measured
+    /// alone before the hybrid formats it. Ones that hold anything (a file system, a partition
+    /// table, a tiercache cache) need --destructive; a tiercache cache holding dirty data is
+    /// never formatted.
     #[arg(long, value_name = "PATH", requires = "backing")]
     cache: Option<PathBuf>,
     /// The backing file for --cache.
@@ -276,14 +278,32 @@ pub fn run(args: FsyncArgs) -> Result<()> {
             }
         }
     }
+    let rounds = args.rounds.max(1);
+    let slice = Duration::from_secs_f64(args.seconds / f64::from(rounds));
+    // Rows measured before the others (a raw cache block device, which the hybrid formats
+    // next), with their rounds.
+    let mut measured_first: Vec<(Runner, Measured)> = Vec::new();
     if let (Some(cache), Some(backing)) = (&args.cache, &args.backing) {
-        // The cache file is formatted and in use by the hybrid, so the raw comparison runs on
-        // a preconditioned file beside it: same file system, same device.
-        let raw = PathBuf::from(format!("{}.raw-bench", cache.display()));
-        std::fs::File::create(&raw).with_context(|| format!("creating {}", raw.display()))?.set_len(RAW_FILE_BYTES)?;
-        cleanup.push(RemoveOnDrop(raw.clone()));
-        crate::devices::precondition_file(&raw, RAW_FILE_BYTES, args.json)?;
-        runners.extend(path_runners(&raw)?);
+        let raw = if std::fs::metadata(cache)?.is_file() {
+            // The cache file is formatted and in use by the hybrid, so the raw comparison runs
+            // on a preconditioned file beside it: same file system, same device.
+            let raw = PathBuf::from(format!("{}.raw-bench", cache.display()));
+            std::fs::File::create(&raw)
+                .with_context(|| format!("creating {}", raw.display()))?
+                .set_len(RAW_FILE_BYTES)?;
+            cleanup.push(RemoveOnDrop(raw.clone()));
+            crate::devices::precondition_file(&raw, RAW_FILE_BYTES, args.json)?;
+            runners.extend(path_runners(&raw)?);
+            raw
+        } else {
+            // A block device: nothing can sit beside it (a file named after it would land in
+            // /dev, in RAM), so the device itself is measured, alone and first, before the
+            // hybrid formats it; its rounds are not interleaved with the others'.
+            let first = path_runners(cache)?;
+            let m = measure(&first, rounds, slice, args.json)?;
+            measured_first.extend(first.into_iter().zip(m));
+            cache.clone()
+        };
         // Formatted anyway: written in full first, as a deployed cache file would be.
         if std::fs::metadata(cache)?.is_file() {
             crate::devices::precondition_file(cache, std::fs::metadata(cache)?.len(), args.json)?;
@@ -296,44 +316,25 @@ pub fn run(args: FsyncArgs) -> Result<()> {
         runners.push(r);
     }
 
-    // Interleaved rounds: every target runs a slice per round, so a machine whose speed
-    // drifts affects all of them alike; the rate reported is the median round.
-    let rounds = args.rounds.max(1);
-    let slice = Duration::from_secs_f64(args.seconds / f64::from(rounds));
-    let progress = progress_bar("measuring", Duration::from_secs_f64(args.seconds * runners.len() as f64), args.json);
-    let mut hists: Vec<Histogram<u64>> = runners.iter().map(|_| latency_histogram()).collect();
-    let mut rates: Vec<Vec<f64>> = vec![Vec::new(); runners.len()];
-    let mut totals = vec![(0u64, 0f64); runners.len()];
-    for _ in 0..rounds {
-        for (i, r) in runners.iter().enumerate() {
-            progress.set_prefix(r.name.clone());
-            let (n, secs) = measure_slice(r, slice, &mut hists[i])?;
-            rates[i].push(n as f64 / secs);
-            totals[i].0 += n;
-            totals[i].1 += secs;
-            progress.inc(slice.as_millis() as u64);
-        }
-    }
-    progress.finish_and_clear();
+    let measured = measure(&runners, rounds, slice, args.json)?;
+    let (runners, mut measured): (Vec<Runner>, Vec<Measured>) =
+        measured_first.into_iter().chain(runners.into_iter().zip(measured)).unzip();
     let mut results: Vec<FsyncResult> = runners
         .iter()
-        .enumerate()
-        .map(|(i, r)| {
-            let h = &hists[i];
-            FsyncResult {
-                target: r.name.clone(),
-                io_mode: r.io_mode,
-                fsyncs_per_second: round1(median(&mut rates[i])),
-                latency_us_p50: round1(quantile_us(h, 0.50)),
-                latency_us_p99: round1(quantile_us(h, 0.99)),
-                latency_us_p999: round1(quantile_us(h, 0.999)),
-                latency_us_max: round1(h.max() as f64 / 1000.0),
-                iterations: totals[i].0,
-                seconds: (totals[i].1 * 1000.0).round() / 1000.0,
-                documented_fsyncs_per_second: r.documented,
-                raw_cache_target: None,
-                ratio_to_raw_cache: None,
-            }
+        .zip(&mut measured)
+        .map(|(r, Measured { rates, hist: h, iterations, seconds })| FsyncResult {
+            target: r.name.clone(),
+            io_mode: r.io_mode,
+            fsyncs_per_second: round1(median(rates)),
+            latency_us_p50: round1(quantile_us(h, 0.50)),
+            latency_us_p99: round1(quantile_us(h, 0.99)),
+            latency_us_p999: round1(quantile_us(h, 0.999)),
+            latency_us_max: round1(h.max() as f64 / 1000.0),
+            iterations: *iterations,
+            seconds: (*seconds * 1000.0).round() / 1000.0,
+            documented_fsyncs_per_second: r.documented,
+            raw_cache_target: None,
+            ratio_to_raw_cache: None,
         })
         .collect();
     for (i, r) in runners.iter().enumerate() {
@@ -355,6 +356,37 @@ pub fn run(args: FsyncArgs) -> Result<()> {
         print!("{}", render_table(&report));
     }
     Ok(())
+}
+
+/// One row's rounds: the rate of each, the latency histogram, iterations and seconds in all.
+struct Measured {
+    rates: Vec<f64>,
+    hist: Histogram<u64>,
+    iterations: u64,
+    seconds: f64,
+}
+
+/// Interleaved rounds: every target runs a slice per round, so a machine whose speed drifts
+/// affects all of them alike; the rate reported is the median round.
+fn measure(runners: &[Runner], rounds: u32, slice: Duration, json: bool) -> Result<Vec<Measured>> {
+    let total = Duration::from_secs_f64(slice.as_secs_f64() * f64::from(rounds) * runners.len() as f64);
+    let progress = progress_bar("measuring", total, json);
+    let mut out: Vec<Measured> = runners
+        .iter()
+        .map(|_| Measured { rates: Vec::new(), hist: latency_histogram(), iterations: 0, seconds: 0.0 })
+        .collect();
+    for _ in 0..rounds {
+        for (r, m) in runners.iter().zip(&mut out) {
+            progress.set_prefix(r.name.clone());
+            let (n, secs) = measure_slice(r, slice, &mut m.hist)?;
+            m.rates.push(n as f64 / secs);
+            m.iterations += n;
+            m.seconds += secs;
+            progress.inc(slice.as_millis() as u64);
+        }
+    }
+    progress.finish_and_clear();
+    Ok(out)
 }
 
 fn median(v: &mut [f64]) -> f64 {
