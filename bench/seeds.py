@@ -980,10 +980,10 @@ def pristine_image(ctx, image, size):
 
 KERNEL_CACHES = ("dm-writecache", "dm-cache", "bcache")
 KERNEL_COLORS = ["tab:purple", "tab:brown", "tab:cyan"]  # their lines in every chart, in that order
-# What each needs: kernel modules (loaded if they can be) and a user-space tool.
-KERNEL_NEEDS = {"dm-writecache": (["dm_writecache"], "dmsetup"),
-                "dm-cache": (["dm_cache", "dm_cache_smq"], "dmsetup"),
-                "bcache": (["bcache"], "make-bcache")}
+# What each needs: kernel modules (loaded if they can be), a user-space tool and its Debian package.
+KERNEL_NEEDS = {"dm-writecache": (["dm_writecache"], "dmsetup", "dmsetup"),
+                "dm-cache": (["dm_cache", "dm_cache_smq"], "dmsetup", "dmsetup"),
+                "bcache": (["bcache"], "make-bcache", "bcache-tools")}
 
 
 def kernel_caches(wanted="auto"):
@@ -996,13 +996,13 @@ def kernel_caches(wanted="auto"):
             sys.exit(f"seeds: --kernel-caches: unknown {n!r} (dm-writecache, dm-cache, bcache, auto or none)")
     have, why_not = {}, {}
     for name in KERNEL_CACHES:
-        modules, tool = KERNEL_NEEDS[name]
+        modules, tool, package = KERNEL_NEEDS[name]
         missing = [m for m in modules if not os.path.exists(f"/sys/module/{m}") and not (
             shutil.which("modprobe") and subprocess.run(["modprobe", "-q", m], capture_output=True).returncode == 0)]
         if missing:
             why_not[name] = f"no {', '.join(missing)} module in kernel {os.uname().release}"
         elif not shutil.which(tool):
-            why_not[name] = f"no {tool} (Debian: {'dmsetup' if tool == 'dmsetup' else 'bcache-tools'})"
+            why_not[name] = f"no {tool} (Debian: {package})"
         have[name] = name not in why_not
     used = [n for n in names if have[n]]
     if wanted not in ("auto", "none"):
