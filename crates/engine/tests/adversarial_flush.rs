@@ -14,8 +14,7 @@
 //! Blocks used: 40 and up (the backing device's fingerprint blocks are 0, 1, 16 and the last).
 
 use std::sync::Arc;
-use std::time::Duration;
-use tiercache_device::{BlockDevice, FailMode, OpKind, SimDevice};
+use tiercache_device::{FailMode, OpKind, SimDevice};
 use tiercache_engine::Volume;
 
 mod common;
@@ -24,22 +23,6 @@ use common::*;
 
 fn flush_requests(v: &Volume) -> u64 {
     v.status().counters.flush_requests
-}
-
-/// Waits (at most 30 s) until `f` holds.
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !f() {
-        assert!(std::time::Instant::now() < deadline, "never: {what}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
-fn plain_volume(log_segments: u64) -> (Arc<Dev>, Arc<SimDevice>, Arc<SimDevice>, Arc<Volume>) {
-    let (cache, backing) = devices(log_segments, 4096);
-    let dev = Dev::new(&cache);
-    let v = Arc::new(open(Arc::clone(&dev) as Arc<dyn BlockDevice>, Arc::clone(&backing) as Arc<dyn BlockDevice>));
-    (dev, cache, backing, v)
 }
 
 // ------------------------------------------------------------------------------------------
@@ -72,9 +55,7 @@ fn a_flush_does_not_return_before_the_trim_record_another_flush_is_flushing() {
     write_n(&v, 40, 2, 2).unwrap();
     assert_eq!(around(&v), 2, "blocks 40..42 went around");
     // FLUSH C takes the io lock and settles the write-around: its backing flush is held.
-    let settle = bdev.hold(|op, _, _| op == Op::Flush);
-    let c = on_thread(&v, |v| v.flush());
-    bdev.wait_held(settle);
+    let (settle, c) = bdev.flush_held(&v);
     // FLUSH B begins now (after the write-around completed): its target is taken at entry,
     // then it waits for the io lock.
     let requests = flush_requests(&v);
@@ -119,9 +100,7 @@ fn a_flush_begun_after_the_trim_record_was_sealed_waits_at_the_gate() {
     let v = Arc::new(open_wa(cdev.clone(), backing.clone()));
     dirty_durable(&v, 40, 2, 1);
     write_n(&v, 40, 2, 2).unwrap();
-    let cflush = cdev.hold(|op, _, _| op == Op::Flush);
-    let c = on_thread(&v, |v| v.flush());
-    cdev.wait_held(cflush);
+    let (cflush, c) = cdev.flush_held(&v);
     let b = on_thread(&v, |v| v.flush());
     assert!(!finishes_within(&b, 2), "FLUSH B returned while the cache flush covering the Trims was held");
     cdev.release(cflush);
@@ -142,13 +121,11 @@ fn a_flush_begun_after_the_trim_record_was_sealed_waits_at_the_gate() {
 #[test]
 fn a_power_cut_during_the_cache_flush_with_the_next_record_written_recovers_a_prefix() {
     for seed in 0..24 {
-        let (dev, cache, backing, v) = plain_volume(256);
+        let (dev, cache, backing, v) = held_volume(256);
         write(&v, 10, 1);
         v.flush().unwrap();
         write(&v, 10, 2);
-        let held = dev.hold(|op, _, _| op == Op::Flush);
-        let a = on_thread(&v, |v| v.flush());
-        dev.wait_held(held);
+        let (held, a) = dev.flush_held(&v);
         let writes = cache.stats().writes;
         write(&v, 10, 3);
         write(&v, 20, 1);
@@ -180,12 +157,10 @@ fn a_power_cut_during_the_cache_flush_with_the_next_record_written_recovers_a_pr
 // FLUSH after. Refuted (passes): `flush_covered` checks the poison after the flush.
 #[test]
 fn a_failed_cache_flush_fails_the_next_leader_with_its_own_record() {
-    let (dev, cache, _backing, v) = plain_volume(256);
+    let (dev, cache, _backing, v) = held_volume(256);
     write(&v, 10, 1);
-    let held = dev.hold(|op, _, _| op == Op::Flush);
     cache.fail_after(Some(OpKind::Flush), 0, FailMode::Once);
-    let a = on_thread(&v, |v| v.flush());
-    dev.wait_held(held);
+    let (held, a) = dev.flush_held(&v);
     let writes = cache.stats().writes;
     write(&v, 20, 1);
     let b = on_thread(&v, |v| v.flush());
@@ -205,12 +180,10 @@ fn a_failed_cache_flush_fails_the_next_leader_with_its_own_record() {
 // `flushing_sealed` stays above `durable_sealed` for ever). Refuted (passes).
 #[test]
 fn a_failed_cache_flush_during_a_pipelined_record_write_poisons_without_a_spin() {
-    let (dev, cache, _backing, v) = plain_volume(256);
+    let (dev, cache, _backing, v) = held_volume(256);
     write(&v, 10, 1);
-    let held = dev.hold(|op, _, _| op == Op::Flush);
     cache.fail_after(Some(OpKind::Flush), 0, FailMode::Once);
-    let a = on_thread(&v, |v| v.flush());
-    dev.wait_held(held);
+    let (held, a) = dev.flush_held(&v);
     // A writer fills staging: its record write (pipelined, io lock let go) is held.
     let rec = dev.hold(|op, _, len| op == Op::Write && len >= 2 * BS);
     let w = on_thread(&v, |v| {
@@ -244,15 +217,13 @@ fn a_failed_cache_flush_during_a_pipelined_record_write_poisons_without_a_spin()
 // recovers every flushed write. Refuted (passes).
 #[test]
 fn reclaim_and_checkpoints_during_a_held_flush_neither_deadlock_nor_lose_data() {
-    let (dev, cache, backing, v) = plain_volume(16);
+    let (dev, cache, backing, v) = held_volume(16);
     let mut model = Model::new();
     for b in 40..60 {
         write(&v, b, 1);
         model.insert(b, 1);
     }
-    let held = dev.hold(|op, _, _| op == Op::Flush);
-    let a = on_thread(&v, |v| v.flush());
-    dev.wait_held(held);
+    let (held, a) = dev.flush_held(&v);
     let before = v.status().counters;
     let w = on_thread(&v, |v| {
         for round in 2..12u64 {
@@ -287,12 +258,10 @@ fn reclaim_and_checkpoints_during_a_held_flush_neither_deadlock_nor_lose_data() 
 // none may spin (bounded). Refuted (passes).
 #[test]
 fn many_flushes_covered_by_the_one_under_way_issue_no_cache_flush() {
-    let (dev, _cache, _backing, v) = plain_volume(256);
+    let (dev, _cache, _backing, v) = held_volume(256);
     write(&v, 10, 1);
     let before = v.status().counters.cache_flushes;
-    let held = dev.hold(|op, _, _| op == Op::Flush);
-    let a = on_thread(&v, |v| v.flush());
-    dev.wait_held(held);
+    let (held, a) = dev.flush_held(&v);
     let waiters: Vec<_> = (0..8).map(|_| on_thread(&v, |v| v.flush())).collect();
     wait_until("8 FLUSHes began", || flush_requests(&v) == 9);
     for w in &waiters {

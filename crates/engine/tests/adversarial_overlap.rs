@@ -272,15 +272,6 @@ fn all(n: u64, version: u64) -> Vec<Option<u64>> {
     vec![Some(version); n as usize]
 }
 
-/// Waits (at most 30 s) until `cond` holds.
-fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !cond() {
-        assert!(Instant::now() < deadline, "{what}: never");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 /// A thread that is about to block (it has been seen entering the engine) is given this
 /// long to get there before the test goes on. Only widens the interleaving that is tested;
 /// no assertion depends on it.

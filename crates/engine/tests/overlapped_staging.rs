@@ -142,15 +142,10 @@ fn a_request_of_one_record_and_a_part_overlaps_once() {
 /// device to 0.78). Both requests read back whole.
 #[test]
 fn a_writer_overlaps_only_a_record_written_alone() {
-    let (cache, backing) = devices(256, 4096);
-    let dev = common::holds::Dev::new(&cache);
-    let v = Arc::new(open(Arc::clone(&dev) as Arc<dyn BlockDevice>, Arc::clone(&backing) as Arc<dyn BlockDevice>));
+    let (dev, _cache, _backing, v) = common::holds::held_volume(256);
     // The first record write (another writer's 126 blocks) is held in flight.
     let held = dev.hold(|op, _, len| op == common::holds::Op::Write && len == 127 * BS);
-    let other = {
-        let v = Arc::clone(&v);
-        std::thread::spawn(move || v.write(0, &stamps(0, 127, 1)).unwrap())
-    };
+    let other = on_thread(&v, |v| v.write(0, &stamps(0, 127, 1)).unwrap());
     dev.wait_held(held);
     v.write(1000 * BS as u64, &stamps(1000, 256, 1)).unwrap();
     let c = v.status().counters;

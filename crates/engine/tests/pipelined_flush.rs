@@ -6,38 +6,16 @@
 //! cache flush at a gate.
 
 use std::sync::Arc;
-use std::time::Duration;
-use tiercache_device::{BlockDevice, FailMode, OpKind, SimDevice};
+use tiercache_device::{FailMode, OpKind};
 use tiercache_engine::Volume;
 
 mod common;
-use common::holds::{finishes_within, join_within, Dev, Op};
+use common::holds::{finishes_within, held_volume, join_within};
 use common::*;
-
-fn volume() -> (Arc<Dev>, Arc<SimDevice>, Arc<SimDevice>, Arc<Volume>) {
-    let (cache, backing) = devices(256, 4096);
-    let dev = Dev::new(&cache);
-    let v = Arc::new(open(Arc::clone(&dev) as Arc<dyn BlockDevice>, Arc::clone(&backing) as Arc<dyn BlockDevice>));
-    (dev, cache, backing, v)
-}
-
-fn write(v: &Volume, block: u64, version: u64) {
-    v.write(block * BS as u64, &stamps(block, 1, version)).unwrap();
-}
 
 /// A FLUSH on a thread of its own.
 fn flush_in_thread(v: &Arc<Volume>) -> std::thread::JoinHandle<Result<(), tiercache_engine::EngineError>> {
-    let v = Arc::clone(v);
-    std::thread::spawn(move || v.flush())
-}
-
-/// Waits (at most 30 s) until the cache device has taken `n` writes.
-fn wait_for_writes(cache: &SimDevice, n: u64) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while cache.stats().writes < n {
-        assert!(std::time::Instant::now() < deadline, "the cache device never took write {n}");
-        std::thread::sleep(Duration::from_millis(2));
-    }
+    on_thread(v, |v| v.flush())
 }
 
 /// The first FLUSH's cache flush is held. A second FLUSH, of a write made meanwhile, writes
@@ -45,16 +23,14 @@ fn wait_for_writes(cache: &SimDevice, n: u64) {
 /// which waits for the first to end. Both writes are durable afterwards.
 #[test]
 fn the_next_flush_writes_its_record_during_the_cache_flush_before() {
-    let (dev, cache, backing, v) = volume();
+    let (dev, cache, backing, v) = held_volume(256);
     write(&v, 10, 1);
     let before = v.status().counters.cache_flushes;
-    let held = dev.hold(|op, _, _| op == Op::Flush);
-    let first = flush_in_thread(&v);
-    dev.wait_held(held);
+    let (held, first) = dev.flush_held(&v);
     let writes = cache.stats().writes;
     write(&v, 20, 1);
     let second = flush_in_thread(&v);
-    wait_for_writes(&cache, writes + 1);
+    wait_until("the second FLUSH's record written", || cache.stats().writes > writes);
     assert!(!finishes_within(&second, 1), "the second FLUSH returned before any cache flush covering its write");
     dev.release(held);
     join_within(first, 30, "first FLUSH").unwrap();
@@ -70,12 +46,10 @@ fn the_next_flush_writes_its_record_during_the_cache_flush_before() {
 /// and issues no cache flush of its own (group commit across the gate).
 #[test]
 fn a_flush_the_one_under_way_covers_waits_for_it() {
-    let (dev, cache, backing, v) = volume();
+    let (dev, cache, backing, v) = held_volume(256);
     write(&v, 10, 1);
     let before = v.status().counters.cache_flushes;
-    let held = dev.hold(|op, _, _| op == Op::Flush);
-    let first = flush_in_thread(&v);
-    dev.wait_held(held);
+    let (held, first) = dev.flush_held(&v);
     let second = flush_in_thread(&v);
     assert!(!finishes_within(&second, 1), "the second FLUSH returned before the cache flush covering it ended");
     dev.release(held);
@@ -92,12 +66,10 @@ fn a_flush_the_one_under_way_covers_waits_for_it() {
 /// report the error, and the volume acknowledges no FLUSH afterwards.
 #[test]
 fn a_failing_cache_flush_fails_the_flush_waiting_for_it() {
-    let (dev, cache, _backing, v) = volume();
+    let (dev, cache, _backing, v) = held_volume(256);
     write(&v, 10, 1);
-    let held = dev.hold(|op, _, _| op == Op::Flush);
     cache.fail_after(Some(OpKind::Flush), 0, FailMode::Once);
-    let first = flush_in_thread(&v);
-    dev.wait_held(held);
+    let (held, first) = dev.flush_held(&v);
     let second = flush_in_thread(&v);
     assert!(!finishes_within(&second, 1));
     dev.release(held);

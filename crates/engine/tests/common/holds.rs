@@ -9,6 +9,15 @@ use tiercache_device::{BlockDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions, WriteAroundPolicy};
 use tiercache_format::Layout;
 
+/// A volume of `log_segments` segments whose cache device is a `Dev` (any of its I/Os can be
+/// held), with the default options.
+pub fn held_volume(log_segments: u64) -> (Arc<Dev>, Arc<SimDevice>, Arc<SimDevice>, Arc<Volume>) {
+    let (cache, backing) = devices(log_segments, 4096);
+    let dev = Dev::new(&cache);
+    let v = Arc::new(open(Arc::clone(&dev) as Arc<dyn BlockDevice>, Arc::clone(&backing) as Arc<dyn BlockDevice>));
+    (dev, cache, backing, v)
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     Read,
@@ -52,6 +61,15 @@ impl Dev {
 
     pub fn hold_write_of(&self, block: u64) -> usize {
         self.hold(move |op, off, len| op == Op::Write && covers(off, len, block))
+    }
+
+    /// Starts a FLUSH of `v` on a thread of its own and returns once this device holds its
+    /// cache flush: (the hold, the FLUSH's thread).
+    pub fn flush_held(&self, v: &Arc<Volume>) -> (usize, std::thread::JoinHandle<Result<(), EngineError>>) {
+        let held = self.hold(|op, _, _| op == Op::Flush);
+        let flush = on_thread(v, |v| v.flush());
+        self.wait_held(held);
+        (held, flush)
     }
 
     /// Waits until hold `id` caught its I/O (panics after 30 s).

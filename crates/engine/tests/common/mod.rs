@@ -396,6 +396,15 @@ impl BlockDevice for Gate {
     }
 }
 
+/// Waits (at most 30 s, polling every 2 ms) until `cond` holds; fails the test naming `what`.
+pub fn wait_until(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !cond() {
+        assert!(std::time::Instant::now() < deadline, "never: {what}");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
 /// Runs `f` on the volume in a thread of its own (a client or the destager).
 pub fn on_thread<T: Send + 'static>(
     volume: &Arc<Volume>,
