@@ -294,6 +294,8 @@ pub fn run(args: FsyncArgs) -> Result<()> {
             cleanup.push(RemoveOnDrop(raw.clone()));
             crate::devices::precondition_file(&raw, RAW_FILE_BYTES, args.json)?;
             runners.extend(path_runners(&raw)?);
+            // Formatted anyway: written in full first, as a deployed cache file would be.
+            crate::devices::precondition_file(cache, std::fs::metadata(cache)?.len(), args.json)?;
             raw
         } else {
             // A block device: nothing can sit beside it (a file named after it would land in
@@ -304,10 +306,6 @@ pub fn run(args: FsyncArgs) -> Result<()> {
             measured_first.extend(first.into_iter().zip(m));
             cache.clone()
         };
-        // Formatted anyway: written in full first, as a deployed cache file would be.
-        if std::fs::metadata(cache)?.is_file() {
-            crate::devices::precondition_file(cache, std::fs::metadata(cache)?.len(), args.json)?;
-        }
         let c: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(cache)?);
         let b: Arc<dyn BlockDevice> = Arc::new(FileDevice::open(backing)?);
         let recorded = std::path::absolute(backing).unwrap_or_else(|_| backing.clone()).display().to_string();
