@@ -159,8 +159,14 @@ pub fn serve(listener: Listener, backend: Arc<dyn ByteIo>, config: Config, stop:
             (Arc::clone(&backend), config.clone(), Arc::clone(&active), Arc::clone(&budget));
         active.fetch_add(1, Ordering::Relaxed);
         let thread = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
-            if let Err(e) = connection(stream, &*backend, &config, &budget) {
-                tracing::debug!(error = %e, "connection ended");
+            match connection(stream, &*backend, &config, &budget) {
+                // A client that broke the protocol is worth the operator's eye: its device
+                // sees the connection drop.
+                Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+                    tracing::warn!(error = %e, "NBD client disconnected: it broke the protocol")
+                }
+                Err(e) => tracing::debug!(error = %e, "connection ended"),
+                Ok(()) => {}
             }
             active2.fetch_sub(1, Ordering::Relaxed);
         })?;

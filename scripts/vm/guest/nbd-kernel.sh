@@ -9,6 +9,8 @@ modprobe -a nbd virtio_blk
 # Loopback up (the VM's init does it too; a VM built before that did not).
 python3 -c "import socket,fcntl,struct; fcntl.ioctl(socket.socket(), 0x8914, struct.pack('16sh', b'lo', 0x49))"
 fail() { echo "nbd-kernel: FAILED: $*"; exit 1; }
+# On any failure: what the server said, and the kernel's view of the connection.
+trap 'rc=$?; [ $rc = 0 ] || { echo "--- serve log"; tail -40 /tmp/serve.log; echo "--- dmesg"; dmesg | tail -20; }' EXIT
 serve() { rm -f /run/tc.sock; $T serve --cache /dev/vda --backing /dev/vdb --nbd unix:/run/tc.sock --nbd tcp:10809 2>>/tmp/serve.log & S=$!
           for i in $(seq 100); do [ -S /run/tc.sock ] && break; sleep 0.2; done; }
 $T create --cache /dev/vda --backing /dev/vdb --force >/dev/null 2>&1
@@ -30,7 +32,10 @@ head -c 1048576 /dev/urandom > /mnt/n/g; sync -f /mnt/n/g
 sha=$(cat /mnt/n/f* /mnt/n/g | sha256sum)
 echo "nbd-kernel: files intact over TCP after a restart; SIGKILL to the server"
 kill -9 $S; wait $S 2>/dev/null || true
-umount -l /mnt/n 2>/dev/null || true; nbd-client -d /dev/nbd0 >/dev/null 2>&1 || true
+# Detach first: the kernel then fails the requests the dead server will never answer. An
+# unmount first would sync the file system into a device that never replies, and hang
+# whenever ext4 still had a journal commit in flight (it did, once in CI).
+nbd-client -d /dev/nbd0 >/dev/null 2>&1 || true; umount -l /mnt/n 2>/dev/null || true
 serve
 nbd-client -unix /run/tc.sock /dev/nbd1 -N tiercache -b 4096 >/dev/null || fail "reattach after SIGKILL"
 mount /dev/nbd1 /mnt/n
