@@ -362,6 +362,24 @@ impl<D: BlockDevice> BlockDevice for EmulatedDevice<D> {
         Ok(())
     }
 
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<Result<()>> {
+        // Every write booked on arrival, as concurrent requests (each takes the queue slot
+        // that frees first), then handed to the device underneath; done when the last is. (A
+        // bad write is not booked: the device underneath refuses it with its precise error.)
+        let last = writes
+            .iter()
+            .filter_map(|&(offset, buf)| {
+                let len = buf.len() as u64;
+                check_request(self, offset, len).ok().map(|()| self.schedule_transfer(offset, len, true, false))
+            })
+            .max();
+        let results = self.inner.write_batch(writes);
+        if let Some(last) = last {
+            precise_wait_until(last);
+        }
+        results
+    }
+
     fn write_at_while(&self, offset: u64, buf: &[u8], during: &mut dyn FnMut()) -> Result<()> {
         // Booked and handed to the file underneath now; `during` runs in the device's service
         // time, which the wait then completes.

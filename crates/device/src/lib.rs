@@ -52,6 +52,11 @@ pub(crate) fn read_one_after_another<D: BlockDevice + ?Sized>(
     ranges.iter_mut().map(|r| dev.read_vectored_at(r.offset, &mut r.bufs)).collect()
 }
 
+/// Writes each of a batch on its own, in order (`write_batch`'s fallback).
+pub(crate) fn write_one_after_another<D: BlockDevice + ?Sized>(dev: &D, writes: &[(u64, &[u8])]) -> Vec<Result<()>> {
+    writes.iter().map(|&(offset, buf)| dev.write_at(offset, buf)).collect()
+}
+
 /// The size of the sector a write can tear into on every device this crate models: the
 /// smallest unit a disk writes atomically.
 pub const SECTOR_SIZE: u32 = 512;
@@ -86,6 +91,15 @@ pub trait BlockDevice: Send + Sync {
     }
     /// Writes `buf` at `offset`. Visible to reads on completion; durable after the next flush.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// Writes each `(offset, buf)` with all of them in flight at once where the device can
+    /// (write-back's runs of dirty blocks, scattered over the backing device): returns each
+    /// write's result, in order. They may land in any order, so they must not overlap; like
+    /// any write, each is durable only after the next flush. The fallback writes one after
+    /// another; [`FileDevice`] issues them together through io_uring, [`EmulatedDevice`] books
+    /// them as concurrent requests.
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<Result<()>> {
+        write_one_after_another(self, writes)
+    }
     /// `write_at`, running `during` on the calling thread while the write is in flight, and
     /// returning when both are done: a writer with more to prepare (the engine stages the
     /// next record's blocks while one record is written) keeps the device busy instead of
@@ -159,6 +173,9 @@ macro_rules! forward_block_device {
             }
             fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
                 (**self).write_at(offset, buf)
+            }
+            fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<Result<()>> {
+                (**self).write_batch(writes)
             }
             fn write_at_while(&self, offset: u64, buf: &[u8], during: &mut dyn FnMut()) -> Result<()> {
                 (**self).write_at_while(offset, buf, during)

@@ -77,6 +77,8 @@ pub struct SimStats {
     pub reads: u64,
     pub writes: u64,
     pub fua_writes: u64,
+    /// `write_batch` calls (their writes count in `writes` too).
+    pub write_batches: u64,
     pub flushes: u64,
     pub discards: u64,
     pub failed_ops: u64,
@@ -393,6 +395,25 @@ impl BlockDevice for SimDevice {
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         self.write_impl(offset, buf, false)
+    }
+
+    fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<Result<()>> {
+        // As `read_batch`: each write its own I/O, completing in an order drawn from the
+        // seeded RNG (which write a crash or a fault meets first is the seed's choice).
+        let mut order: Vec<usize> = (0..writes.len()).collect();
+        {
+            let mut s = self.lock();
+            s.stats.write_batches += 1;
+            if order.len() > 1 {
+                order.shuffle(&mut s.fault_rng);
+            }
+        }
+        let mut results: Vec<Option<Result<()>>> = (0..writes.len()).map(|_| None).collect();
+        for i in order {
+            let (offset, buf) = writes[i];
+            results[i] = Some(self.write_impl(offset, buf, false));
+        }
+        results.into_iter().map(|r| r.expect("every write issued")).collect()
     }
 
     fn write_fua_at(&self, offset: u64, buf: &[u8]) -> Result<()> {

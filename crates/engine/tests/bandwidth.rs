@@ -17,6 +17,9 @@
 //! - `a_write_back_reads_the_log_through_small_gaps_in_one_io`: write-back reads a stretch
 //!   of the log holding its blocks between stale slots and record headers with one scatter
 //!   read, not one read per run of consecutive slots;
+//! - `a_write_back_issues_its_scattered_runs_together`: the runs of a write-back batch go to
+//!   the backing device as one batch of writes in flight together (`write_batch`), not one
+//!   write after another at queue depth 1;
 //! - `concurrent_writers_requests_land_in_consecutive_slots`: a request's blocks are staged
 //!   together, so they lie in consecutive log slots however many writers stage at once (and a
 //!   later read of them is one I/O per record).
@@ -210,6 +213,27 @@ fn a_write_back_reads_the_log_through_small_gaps_in_one_io() {
     for b in 0..288 {
         backing.read_at(b * BS as u64, &mut one).unwrap();
         assert_eq!(one, stamp(b, if b % 4 == 0 { 2 } else { 1 }), "block {b} on the backing device");
+    }
+    assert_eq!(volume.status().dirty_blocks, 0);
+}
+
+#[test]
+fn a_write_back_issues_its_scattered_runs_together() {
+    let (_cache, backing, volume) = volume();
+    // 100 dirty blocks two apart: 100 runs of one block each on the backing device.
+    for b in (0..200).step_by(2) {
+        volume.write(b * BS as u64, &stamp(b, 1)).unwrap();
+    }
+    volume.flush().unwrap();
+    let b0 = backing.stats();
+    assert_eq!(volume.destage_step(4096).unwrap(), 100);
+    let b1 = backing.stats();
+    assert_eq!(b1.writes - b0.writes, 100, "one backing write per run");
+    assert_eq!(b1.write_batches - b0.write_batches, 1, "the runs issued one after another, not together");
+    let mut one = vec![0u8; BS];
+    for b in 0..200 {
+        backing.read_at(b * BS as u64, &mut one).unwrap();
+        assert_eq!(one, stamp(b, if b % 2 == 0 { 1 } else { 0 }), "block {b} on the backing device");
     }
     assert_eq!(volume.status().dirty_blocks, 0);
 }
