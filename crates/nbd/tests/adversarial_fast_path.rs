@@ -655,11 +655,17 @@ fn replies_racing_the_readers_busy_check_keep_their_order_and_data() {
 /// server's own rule is that "requests a client pipelines run side by side", and before the
 /// fast path a worker took it at once. With the fast path the reader does not read it until
 /// the slow one is done: it waits about 350 ms for a 4 KiB read of RAM.
+///
+/// (Since the followers join only once a client is seen pipelining, this holds from then on:
+/// the client here first sends two READs together. The very first overlap of a connection
+/// whose client had waited for every reply until then waits once, as
+/// `the_first_overlap_waits_once_then_the_followers_join` shows.)
 #[test]
 fn a_request_sent_while_the_reader_runs_a_slow_one_is_not_held_behind_it() {
     let disk = Disk::new();
     let server = Server::start(Arc::clone(&disk));
     let mut c = server.connect();
+    pipeline_two_reads(&mut c, &disk);
     c.write_all(&request(CMD_READ, 1, SLOW_AT, 4096)).unwrap();
     std::thread::sleep(Duration::from_millis(50));
     let sent = Instant::now();
@@ -681,4 +687,46 @@ fn a_request_sent_while_the_reader_runs_a_slow_one_is_not_held_behind_it() {
         quick_took < Duration::from_millis(150),
         "a READ sent while a slow lone request ran on the reader thread waited {quick_took:?} for it"
     );
+}
+
+/// Two READs sent together (the client pipelines), both replies read.
+fn pipeline_two_reads(c: &mut std::os::unix::net::UnixStream, disk: &Disk) {
+    let mut pair = request(CMD_READ, 100, 4096, 4096);
+    pair.extend(request(CMD_READ, 101, 8192, 4096));
+    c.write_all(&pair).unwrap();
+    for _ in 0..2 {
+        let (e, cookie) = reply_header(c);
+        assert_eq!(e, 0);
+        assert_eq!(read_payload(c, 4096), disk.expected(if cookie == 100 { 4096 } else { 8192 }, 4096));
+    }
+}
+
+/// A connection whose client has waited for every reply is served by its first thread alone
+/// (no hand-off to a follower that would wake for nothing). The first request it sends while
+/// another runs is therefore read only when that one is done; the connection then counts as
+/// pipelining for good, and a request sent during the next slow one is not held behind it.
+#[test]
+fn the_first_overlap_waits_once_then_the_followers_join() {
+    let disk = Disk::new();
+    let server = Server::start(Arc::clone(&disk));
+    let mut c = server.connect();
+    let mut quick_took = Vec::new();
+    for round in 0..2u64 {
+        c.write_all(&request(CMD_READ, 10 * round + 1, SLOW_AT, 4096)).unwrap();
+        std::thread::sleep(Duration::from_millis(50));
+        let sent = Instant::now();
+        c.write_all(&request(CMD_READ, 10 * round + 2, 0, 4096)).unwrap();
+        for _ in 0..2 {
+            let (e, cookie) = reply_header(&mut c);
+            assert_eq!(e, 0);
+            let offset = if cookie == 10 * round + 1 { SLOW_AT } else { 0 };
+            assert_eq!(read_payload(&mut c, 4096), disk.expected(offset, 4096));
+            if cookie == 10 * round + 2 {
+                quick_took.push(sent.elapsed());
+            }
+        }
+    }
+    eprintln!("the quick READ sent during the slow one took {quick_took:?} (first overlap, then the next)");
+    assert!(quick_took[0] >= Duration::from_millis(200), "the first overlap was not held: {quick_took:?}");
+    assert!(quick_took[1] < Duration::from_millis(150), "the second overlap was held too: {quick_took:?}");
 }
