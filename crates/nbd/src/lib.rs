@@ -164,6 +164,13 @@ pub fn serve(listener: Listener, backend: Arc<dyn ByteIo>, config: Config, stop:
             (Arc::clone(&backend), config.clone(), Arc::clone(&active), Arc::clone(&budget));
         active.fetch_add(1, Ordering::Relaxed);
         let thread = std::thread::Builder::new().name("nbd-conn".into()).spawn(move || {
+            struct Uncount(Arc<AtomicUsize>);
+            impl Drop for Uncount {
+                fn drop(&mut self) {
+                    self.0.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+            let _uncount = Uncount(active2);
             match connection(stream, &*backend, &config, &budget) {
                 // A client that broke the protocol is worth the operator's eye: its device
                 // sees the connection drop.
@@ -173,7 +180,6 @@ pub fn serve(listener: Listener, backend: Arc<dyn ByteIo>, config: Config, stop:
                 Err(e) => tracing::debug!(error = %e, "connection ended"),
                 Ok(()) => {}
             }
-            active2.fetch_sub(1, Ordering::Relaxed);
         })?;
         clients.push((handle, thread));
     }
@@ -379,6 +385,9 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
     let threads = config.workers_per_connection.max(1);
     let c = Conn { reader: &reader, writer: &writer, backend, budget, done: &done, pipelining: &pipelining };
     std::thread::scope(|scope| -> io::Result<()> {
+        // However the leader leaves (its return, a failed spawn's `?`, a panic in the engine),
+        // the connection is over for the followers, parked ones included.
+        let end = EndOnDrop(c.done, c.pipelining);
         let followers = (1..threads)
             .map(|_| {
                 std::thread::Builder::new().name("nbd-conn".into()).spawn_scoped(scope, || {
@@ -392,8 +401,7 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
             .collect::<io::Result<Vec<_>>>()?;
         let mut result = serve_requests(&c);
         // (The leader's end is the connection's: followers still waiting to join leave.)
-        c.done.store(true, Ordering::Release);
-        c.pipelining.end();
+        drop(end);
         for f in followers {
             let r = f.join().expect("an NBD connection thread panicked");
             if result.is_ok() {
@@ -402,6 +410,15 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
         }
         result
     })
+}
+
+struct EndOnDrop<'a>(&'a AtomicBool, &'a Pipelining);
+
+impl Drop for EndOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+        self.1.end();
+    }
 }
 
 /// What a connection's threads share.
