@@ -1385,12 +1385,10 @@ mod adversarial_batch_tests {
 
     extern "C" fn on_signal(_: libc::c_int) {}
 
-    /// Signals without SA_RESTART hammer the reading thread: io_uring_enter and the
-    /// synchronous retries return EINTR; every batch must still be whole and right.
-    #[test]
-    fn adv_batches_survive_signals_eintr() {
-        let dir = tempfile::tempdir().unwrap();
-        let (p, data) = patterned(&dir, 512);
+    /// Installs a SIGUSR1 handler that does nothing, without SA_RESTART, and starts a thread
+    /// sending SIGUSR1 to the calling thread every 5 µs until the flag is set (then join it
+    /// for the count): io_uring_enter and the synchronous retries see EINTR over and over.
+    pub(super) fn signal_storm() -> (Arc<AtomicBool>, std::thread::JoinHandle<u64>) {
         // SAFETY: a handler that does nothing, installed without SA_RESTART.
         unsafe {
             let mut sa: libc::sigaction = std::mem::zeroed();
@@ -1399,24 +1397,35 @@ mod adversarial_batch_tests {
             libc::sigemptyset(&mut sa.sa_mask);
             assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
         }
+        let stop = Arc::new(AtomicBool::new(false));
+        // SAFETY: pthread_self has no preconditions.
+        let me = unsafe { libc::pthread_self() } as usize;
+        let killer = {
+            let stop = Arc::clone(&stop);
+            std::thread::spawn(move || {
+                let mut sent = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    // SAFETY: the signalled thread outlives this loop (it joins this one
+                    // after setting `stop`).
+                    unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) };
+                    sent += 1;
+                    std::thread::sleep(std::time::Duration::from_micros(5));
+                }
+                sent
+            })
+        };
+        (stop, killer)
+    }
+
+    /// Signals without SA_RESTART hammer the reading thread: io_uring_enter and the
+    /// synchronous retries return EINTR; every batch must still be whole and right.
+    #[test]
+    fn adv_batches_survive_signals_eintr() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 512);
         for direct in [true, false] {
             let Some(dev) = open(&p, direct) else { continue };
-            let stop = Arc::new(AtomicBool::new(false));
-            // SAFETY: pthread_self has no preconditions.
-            let me = unsafe { libc::pthread_self() } as usize;
-            let killer = {
-                let stop = Arc::clone(&stop);
-                std::thread::spawn(move || {
-                    let mut sent = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        // SAFETY: the reading thread outlives this loop (joined after `stop`).
-                        unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) };
-                        sent += 1;
-                        std::thread::sleep(std::time::Duration::from_micros(5));
-                    }
-                    sent
-                })
-            };
+            let (stop, killer) = signal_storm();
             for round in 0..1500usize {
                 let n = 2 + round % 40;
                 let mut bufs: Vec<AlignedBuf> = (0..n).map(|_| AlignedBuf::new(4 * 4096 + 1)).collect();
@@ -1561,7 +1570,7 @@ mod adversarial_batch_tests {
 mod adversarial_write_batch_tests {
     use super::*;
     use crate::{EmulatedDevice, FailMode, OpKind, SimDevice, PROFILES};
-    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::atomic::Ordering;
     use std::sync::{Arc, Mutex};
 
     /// Held by the tests here that switch io_uring off for the process or count its rings.
@@ -1654,7 +1663,7 @@ mod adversarial_write_batch_tests {
         }
     }
 
-    extern "C" fn on_signal(_: libc::c_int) {}
+    use super::adversarial_batch_tests::signal_storm;
 
     // Suspicion: signals interrupt io_uring_enter (EINTR) while writes are in flight; the
     // loop must go on waiting, never leave with requests in flight, never abort, never lose
@@ -1666,33 +1675,10 @@ mod adversarial_write_batch_tests {
     fn adv_wb_batches_survive_signals() {
         let dir = tempfile::tempdir().unwrap();
         let p = file(&dir, 512);
-        // SAFETY: a handler that does nothing, installed without SA_RESTART.
-        unsafe {
-            let mut sa: libc::sigaction = std::mem::zeroed();
-            sa.sa_sigaction = on_signal as extern "C" fn(libc::c_int) as usize;
-            sa.sa_flags = 0;
-            libc::sigemptyset(&mut sa.sa_mask);
-            assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
-        }
         for direct in [true, false] {
             let Some(dev) = open(&p, direct) else { continue };
             let mut expect = read_back(&dev, 0, 512 * 4096);
-            let stop = Arc::new(AtomicBool::new(false));
-            // SAFETY: pthread_self has no preconditions.
-            let me = unsafe { libc::pthread_self() } as usize;
-            let killer = {
-                let stop = Arc::clone(&stop);
-                std::thread::spawn(move || {
-                    let mut sent = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        // SAFETY: the target thread outlives this loop (joined after `stop`).
-                        unsafe { libc::pthread_kill(me as libc::pthread_t, libc::SIGUSR1) };
-                        sent += 1;
-                        std::thread::sleep(std::time::Duration::from_micros(5));
-                    }
-                    sent
-                })
-            };
+            let (stop, killer) = signal_storm();
             for round in 0..1500usize {
                 let n = 2 + round % 40;
                 let bufs = sources(n, 2 * 4096, round);
