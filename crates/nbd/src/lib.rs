@@ -387,7 +387,7 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
     std::thread::scope(|scope| -> io::Result<()> {
         // However the leader leaves (its return, a failed spawn's `?`, a panic in the engine),
         // the connection is over for the followers, parked ones included.
-        let end = EndOnDrop(c.done, c.pipelining);
+        let end = EndOnDrop(&c);
         let followers = (1..threads)
             .map(|_| {
                 std::thread::Builder::new().name("nbd-conn".into()).spawn_scoped(scope, || {
@@ -412,12 +412,11 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
     })
 }
 
-struct EndOnDrop<'a>(&'a AtomicBool, &'a Pipelining);
+struct EndOnDrop<'a, 'b>(&'a Conn<'b>);
 
-impl Drop for EndOnDrop<'_> {
+impl Drop for EndOnDrop<'_, '_> {
     fn drop(&mut self) {
-        self.0.store(true, Ordering::Release);
-        self.1.end();
+        self.0.end();
     }
 }
 
@@ -429,6 +428,15 @@ struct Conn<'a> {
     budget: &'a Budget,
     done: &'a AtomicBool,
     pipelining: &'a Pipelining,
+}
+
+impl Conn<'_> {
+    /// The connection is over: its threads stop after the requests they are running, and
+    /// followers still waiting to join leave.
+    fn end(&self) {
+        self.done.store(true, Ordering::Release);
+        self.pipelining.end();
+    }
 }
 
 /// One thread of a connection: read a request (holding the reader lock), run it, reply;
@@ -443,13 +451,11 @@ fn serve_requests(c: &Conn<'_>) -> io::Result<()> {
         let job = match next_request(&mut **r, c.backend, c.writer, c.budget) {
             Ok(Some(job)) => job,
             Ok(None) => {
-                c.done.store(true, Ordering::Release);
-                c.pipelining.end();
+                c.end();
                 return Ok(());
             }
             Err(e) => {
-                c.done.store(true, Ordering::Release);
-                c.pipelining.end();
+                c.end();
                 // Wake the other threads' replies and reads: the connection is over.
                 r.shutdown_both();
                 return Err(e);
@@ -492,8 +498,7 @@ fn serve_requests(c: &Conn<'_>) -> io::Result<()> {
         c.budget.give(held);
         if let Err(e) = result {
             // The client went away: stop reading and discard the rest.
-            c.done.store(true, Ordering::Release);
-            c.pipelining.end();
+            c.end();
             c.writer.lock().expect("writer").shutdown_both();
             return Err(e);
         }
