@@ -405,13 +405,7 @@ impl BlockDevice for FileDevice {
         // A misaligned buffer is written from an aligned copy.
         let bounces: Vec<Option<AlignedBuf>> = writes
             .iter()
-            .map(|&(_, buf)| {
-                self.needs_bounce(buf.as_ptr()).then(|| {
-                    let mut b = AlignedBuf::new(buf.len());
-                    b.copy_from_slice(buf);
-                    b
-                })
-            })
+            .map(|&(_, buf)| self.needs_bounce(buf.as_ptr()).then(|| AlignedBuf::from_slice(buf)))
             .collect();
         let ops: Vec<uring::Vectored> = writes
             .iter()

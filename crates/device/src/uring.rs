@@ -83,7 +83,7 @@ pub(crate) unsafe fn writev_batch(fd: i32, writes: &[Vectored]) -> Option<Vec<io
 /// # Safety
 /// Every iovec must point at memory valid for the transfer's direction, not otherwise
 /// accessed until this returns.
-unsafe fn rw_batch(fd: i32, reads: &[Vectored], write: bool) -> Option<Vec<io::Result<usize>>> {
+unsafe fn rw_batch(fd: i32, ops: &[Vectored], write: bool) -> Option<Vec<io::Result<usize>>> {
     if UNAVAILABLE.load(Ordering::Relaxed) {
         return None;
     }
@@ -92,8 +92,8 @@ unsafe fn rw_batch(fd: i32, reads: &[Vectored], write: bool) -> Option<Vec<io::R
         if !has_ring(&mut slot) {
             return None;
         }
-        let mut results: Vec<io::Result<usize>> = Vec::with_capacity(reads.len());
-        for (g, group) in reads.chunks(RING_ENTRIES).enumerate() {
+        let mut results: Vec<io::Result<usize>> = Vec::with_capacity(ops.len());
+        for (g, group) in ops.chunks(RING_ENTRIES).enumerate() {
             let Some(ring) = slot.as_mut() else {
                 // The ring failed in an earlier group: the rest are left to the caller.
                 results.extend(group.iter().map(|_| Err(io::Error::from_raw_os_error(libc::EAGAIN))));
@@ -110,7 +110,7 @@ unsafe fn rw_batch(fd: i32, reads: &[Vectored], write: bool) -> Option<Vec<io::R
                         opcode::Readv::new(types::Fd(fd), iov, n).offset(r.offset).build()
                     }
                     .user_data((base + k) as u64);
-                    // SAFETY: the iovecs (held by `reads`, alive until this returns) point at
+                    // SAFETY: the iovecs (held by `ops`, alive until this returns) point at
                     // buffers the caller lends for the call (this function's contract), and
                     // the loop below waits for every request the kernel took before returning.
                     unsafe { sq.push(&entry) }.expect("the ring holds a whole group");

@@ -1779,12 +1779,10 @@ mod adversarial_batch_tests {
     use super::*;
     use tiercache_device::ReadRange;
 
-    #[test]
-    fn adv_timed_device_forwards_read_batch_to_the_sim_device() {
-        let clock = SimClock::new();
-        let inner = Arc::new(SimDevice::new(64 * 4096, 4096));
-        let timed = TimedDevice {
-            inner: Arc::clone(&inner),
+    /// A `TimedDevice` over `inner` with no latency, no stalls and fixed seeds.
+    pub(super) fn untimed(inner: Arc<SimDevice>, clock: &SimClock) -> TimedDevice {
+        TimedDevice {
+            inner,
             clock: clock.clone(),
             read_ns: (0, 0),
             write_ns: (0, 0),
@@ -1793,7 +1791,14 @@ mod adversarial_batch_tests {
             flush_scale: Arc::new(AtomicU64::new(1)),
             rng: Mutex::new(ChaCha8Rng::seed_from_u64(1)),
             overlap_rng: Mutex::new(ChaCha8Rng::seed_from_u64(2)),
-        };
+        }
+    }
+
+    #[test]
+    fn adv_timed_device_forwards_read_batch_to_the_sim_device() {
+        let clock = SimClock::new();
+        let inner = Arc::new(SimDevice::new(64 * 4096, 4096));
+        let timed = untimed(Arc::clone(&inner), &clock);
         let (mut a, mut b) = (vec![0u8; 3 * 4096], vec![0u8; 3 * 4096]);
         let before = inner.stats().reads;
         {
@@ -1823,6 +1828,7 @@ pub(crate) fn eviction_for(seed: u64) -> Eviction {
 /// simulator's backing device is a `TimedDevice` over a `SimDevice`.
 #[cfg(test)]
 mod adversarial_write_batch_tests {
+    use super::adversarial_batch_tests::untimed;
     use super::*;
 
     // Suspicion: `TimedDevice` does not override `write_batch`, so the trait's fallback runs:
@@ -1840,17 +1846,7 @@ mod adversarial_write_batch_tests {
     fn adv_timed_device_forwards_write_batch_to_the_sim_device() {
         let clock = SimClock::new();
         let inner = Arc::new(SimDevice::new(64 * 4096, 4096));
-        let timed = TimedDevice {
-            inner: Arc::clone(&inner),
-            clock: clock.clone(),
-            read_ns: (0, 0),
-            write_ns: (0, 0),
-            flush_ns: (0, 0),
-            stall: 0.0,
-            flush_scale: Arc::new(AtomicU64::new(1)),
-            rng: Mutex::new(ChaCha8Rng::seed_from_u64(1)),
-            overlap_rng: Mutex::new(ChaCha8Rng::seed_from_u64(2)),
-        };
+        let timed = untimed(Arc::clone(&inner), &clock);
         let data = vec![7u8; 4096];
         let before = inner.stats();
         let results = timed.write_batch(&[(0, &data[..]), (8 * 4096, &data[..]), (16 * 4096, &data[..])]);
