@@ -22,8 +22,23 @@ pub const CHECKPOINT_INTERVAL_PERMILLE: u64 = 250;
 pub const DEFAULT_DIRTY_LOW_PERMILLE: u16 = 300;
 pub const DEFAULT_DIRTY_HIGH_PERMILLE: u16 = 700;
 
-/// Blocks the background destager writes back per batch (sorted and merged).
+/// Most blocks a write-back batch takes (sorted and merged).
 pub const DESTAGE_BATCH_BLOCKS: usize = 4096;
+
+/// A write-back batch is sized to take about this long at the measured write-back cost
+/// (`costs.rs`), between `DESTAGE_BATCH_MIN_BLOCKS` and `DESTAGE_BATCH_BLOCKS`: a writer whose
+/// reclaim needs the destage lock waits for the batch under way, then its own. With
+/// 16 MiB batches on an HDD (180 MB/s) writers met 140 ms batches and waited up to 290 ms
+/// (`bench seq --emulated nvme:hdd`, writes meeting dirty data at the log head); issue 13
+/// allows no wait above 100 ms.
+pub const DESTAGE_BATCH_MS: u64 = 25;
+
+/// The fewest blocks a write-back batch takes, however slow the backing device (a backing
+/// flush per batch, and a sort over fewer blocks, cost more per block below it).
+pub const DESTAGE_BATCH_MIN_BLOCKS: usize = 256;
+
+/// The batch size until a write-back has been timed.
+pub const DESTAGE_BATCH_UNTIMED_BLOCKS: usize = 1024;
 
 /// The background pre-cleaner writes back dirty blocks at least this many segments ahead of
 /// the log head, so reclaim finds them clean; reclaim's own write-back (when the pre-cleaner

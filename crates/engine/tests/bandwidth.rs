@@ -327,3 +327,134 @@ fn a_sequential_scan_leaves_the_hot_set_cached() {
         }
     }
 }
+
+/// A volume on a `log_blocks`-block log over a backing device of `backing_blocks`, both on
+/// one virtual clock: a fast cache, and a backing device whose every write takes 1 ms (an
+/// HDD's order for scattered blocks), so a write-back's measured cost is about 1 ms a block.
+/// Watermarks 10 % and 20 %: what is written dirty beyond a fifth of the log is written back.
+fn slow_backing_volume(log_blocks: u64, backing_blocks: u64) -> (Arc<SimDevice>, Arc<SimDevice>, Volume) {
+    let clock = tiercache_device::SimClock::new();
+    let slow = tiercache_device::SimLatency { read_ns: 100_000, write_ns: 1_000_000, flush_ns: 1_000_000 };
+    let (cache, backing) = devices_on_clock(SEGMENT as u32, log_blocks, backing_blocks, &clock, FAST, slow);
+    let c: Arc<dyn BlockDevice> = cache.clone();
+    let b: Arc<dyn BlockDevice> = backing.clone();
+    let options = VolumeOptions {
+        dirty_watermarks_permille: Some((100, 200)),
+        sequential_bypass_bytes: 0,
+        ..VolumeOptions::default()
+    };
+    let volume = Volume::open(c, b, Arc::new(clock), options).expect("open").0;
+    (cache, backing, volume)
+}
+
+/// Writes every other block of `from..from + 2 * n` (so each is a backing write of its own),
+/// in requests of one block, a FLUSH every 32.
+fn write_scattered(volume: &Volume, from: u64, n: u64, version: u64) {
+    for k in 0..n {
+        let b = from + 2 * k;
+        volume.write(b * BS as u64, &stamp(b, version)).unwrap();
+        if k % 32 == 31 {
+            volume.flush().unwrap();
+        }
+    }
+    volume.flush().unwrap();
+}
+
+#[test]
+fn write_back_batches_are_sized_by_the_backing_devices_measured_pace() {
+    // 3,000 scattered dirty blocks over a backing device that takes 1 ms a write: the first
+    // batch (untimed) takes 1,024 blocks; once timed at about 1 ms a block, a batch meant to
+    // last 25 ms is held to the floor of 256 blocks (not 4,096: a 4-second batch that a
+    // writer's reclaim would wait behind).
+    let (_cache, backing, volume) = slow_backing_volume(4096, 8192);
+    write_scattered(&volume, 0, 3000, 1);
+    // Per background round: (blocks written back, batches), one backing flush per batch.
+    let mut rounds: Vec<(u64, u64)> = Vec::new();
+    for _ in 0..40 {
+        let (flushes, dirty) = (backing.stats().flushes, volume.status().dirty_blocks);
+        volume.background_tick().unwrap();
+        let written = dirty - volume.status().dirty_blocks;
+        if written > 0 {
+            rounds.push((written, backing.stats().flushes - flushes));
+        }
+    }
+    assert!(rounds.len() >= 2, "write-back ran over several rounds: {rounds:?}");
+    // The first round: the untimed batch, then batches at the floor (1,024 + 3 x 256).
+    assert!(rounds[0].0 > 4 * 256, "the untimed first batch is larger: {rounds:?}");
+    assert!(rounds[1..].iter().all(|&(n, b)| n <= 256 * b), "timed batches at the floor: {rounds:?}");
+    assert!(volume.status().dirty_blocks <= 410, "down to the low watermark");
+    for b in (0..6000).step_by(2) {
+        let mut one = vec![0u8; BS];
+        volume.read(b * BS as u64, &mut one).unwrap();
+        assert_eq!(version_of(b, &one), Some(1), "block {b}");
+    }
+}
+
+#[test]
+fn a_writers_reclaim_waits_for_a_batch_sized_by_time() {
+    // Above the high watermark, the background thread writes back batch after batch; a
+    // writer whose reclaim meets dirty blocks at the head needs the destage lock too, and
+    // waits for the batch under way. Sized by its measured cost, that batch is 256 blocks at
+    // 1 ms each here (the floor), not the 2,800 dirty blocks of the head (as many as a
+    // 4,096-block cap takes: 2.8 s). Measured in the volume's virtual time
+    // (`reclaim_destage_wait_max_us`) over seeded interleavings.
+    let mut worst_us = 0;
+    let mut waited = 0;
+    for seed in 0..24 {
+        let (_cache, _backing, volume) = slow_backing_volume(4096, 16384);
+        // The oldest dirty blocks (at the head) above the newest in address order, so that
+        // the one batch timed first (the elevator's: the lowest addresses) leaves the head
+        // dirty; then clean blocks fill the rest of the log: the writer's next record needs
+        // reclaim, whose window at the head is dirty.
+        write_scattered(&volume, 1024, 2800, 1);
+        write_scattered(&volume, 0, 256, 1);
+        volume.destage_step(256).unwrap();
+        let mut buf = vec![0u8; 16 * BS];
+        let mut b = 8192;
+        while volume.status().log_tail < 4096 - 64 {
+            volume.read(b * BS as u64, &mut buf).unwrap();
+            b += 16;
+        }
+        let volume = Arc::new(volume);
+        let v = Arc::clone(&volume);
+        tiercache_sched::Sched::run(
+            seed,
+            50_000_000,
+            || {},
+            move |sched| {
+                let bg = Arc::clone(&v);
+                let background = sched.spawn(move || {
+                    for _ in 0..12 {
+                        bg.background_tick().unwrap();
+                    }
+                });
+                let w = Arc::clone(&v);
+                let writer = sched.spawn(move || {
+                    for r in 0..4u64 {
+                        let first = 12_000 + r * 64;
+                        w.write(first * BS as u64, &stamps(first, 64, 2)).unwrap();
+                    }
+                    w.flush().unwrap();
+                });
+                assert!(matches!(sched.join(writer), tiercache_sched::Joined::Returned(())));
+                assert!(matches!(sched.join(background), tiercache_sched::Joined::Returned(())));
+            },
+        )
+        .expect("no deadlock");
+        let counters = volume.status().counters;
+        waited += u64::from(counters.reclaim_write_backs > 0);
+        worst_us = worst_us.max(counters.reclaim_destage_wait_max_us);
+        let mut buf = vec![0u8; 64 * BS];
+        volume.read(12_000 * BS as u64, &mut buf).unwrap();
+        assert_eq!(buf, stamps(12_000, 64, 2), "seed {seed}");
+        for b in (1024..1024 + 5600).step_by(2) {
+            let mut one = vec![0u8; BS];
+            volume.read(b * BS as u64, &mut one).unwrap();
+            assert_eq!(version_of(b, &one), Some(1), "seed {seed}: block {b}");
+        }
+    }
+    assert!(waited > 4, "reclaims met dirty windows and wrote them back in {waited} of 24 runs");
+    // One batch under way (256 ms of backing writes and its flush, and the cache I/O the
+    // writers meanwhile did), never two.
+    assert!(worst_us < 2 * 256_000, "a reclaim waited {worst_us} us for the destage lock");
+}

@@ -71,7 +71,8 @@ impl Volume {
     /// one batch per period.
     fn write_back_above_watermark(&self, low: u64) -> Result<()> {
         for _ in 0..PRECLEAN_BATCHES_PER_TICK {
-            if self.destage_oldest(DESTAGE_BATCH_BLOCKS)? == 0 && self.destage_step(DESTAGE_BATCH_BLOCKS)? == 0 {
+            let batch = self.write_back_batch_blocks();
+            if self.destage_oldest(batch)? == 0 && self.destage_step(batch)? == 0 {
                 break;
             }
             if (self.lock().index.dirty_len() as u64) <= low {
@@ -92,7 +93,7 @@ impl Volume {
                 let st = self.lock();
                 st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st)
             };
-            if !short || self.preclean(DESTAGE_BATCH_BLOCKS, true)? == 0 {
+            if !short || self.preclean(self.write_back_batch_blocks(), true)? == 0 {
                 break;
             }
         }

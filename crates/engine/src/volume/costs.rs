@@ -114,6 +114,24 @@ impl ReclaimCosts {
         }
     }
 
+    /// How many blocks a write-back batch takes: about `DESTAGE_BATCH_MS` of write-back at
+    /// the measured cost per block, within `DESTAGE_BATCH_MIN_BLOCKS..=DESTAGE_BATCH_BLOCKS`
+    /// (`DESTAGE_BATCH_UNTIMED_BLOCKS` until one was timed). A batch's cost per block includes
+    /// its flush, so a small batch looks dearer per block than a large one: the size settles
+    /// where a batch takes about the target.
+    pub(crate) fn write_back_batch_blocks(&self) -> usize {
+        use crate::constants::{
+            DESTAGE_BATCH_BLOCKS, DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_MS, DESTAGE_BATCH_UNTIMED_BLOCKS,
+        };
+        match self.write_back_ns_per_block {
+            None => DESTAGE_BATCH_UNTIMED_BLOCKS,
+            Some(ns) => {
+                let fit = (DESTAGE_BATCH_MS * 1_000_000 / ns.max(1)).min(DESTAGE_BATCH_BLOCKS as u64) as usize;
+                fit.max(DESTAGE_BATCH_MIN_BLOCKS)
+            }
+        }
+    }
+
     /// (write-back, copy) in ns per block, for `status`.
     pub(crate) fn get(&self) -> (Option<u64>, Option<u64>) {
         (self.write_back_ns_per_block, self.copy_ns_per_block)
@@ -184,6 +202,28 @@ mod tests {
         c.note_write_back(10_000, 1);
         c.note_copy(10_000, 1);
         assert!(!c.copy_through_is_cheaper(128, 130, 100, 1000));
+    }
+
+    #[test]
+    fn write_back_batches_are_sized_by_their_measured_cost() {
+        use crate::constants::{DESTAGE_BATCH_BLOCKS, DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_UNTIMED_BLOCKS};
+        let mut c = ReclaimCosts::default();
+        assert_eq!(c.write_back_batch_blocks(), DESTAGE_BATCH_UNTIMED_BLOCKS);
+        // 25 us a block (an HDD writing sequentially, about 160 MB/s): 1,000 blocks in 25 ms.
+        c.note_write_back(25_000 * 4096, 4096);
+        assert_eq!(c.write_back_batch_blocks(), 1000);
+        // A fast device: capped.
+        let mut fast = ReclaimCosts::default();
+        fast.note_write_back(1_000 * 4096, 4096);
+        assert_eq!(fast.write_back_batch_blocks(), DESTAGE_BATCH_BLOCKS);
+        // Random blocks on an HDD (5 ms each): the floor, not one block.
+        let mut slow = ReclaimCosts::default();
+        slow.note_write_back(5_000_000 * 256, 256);
+        assert_eq!(slow.write_back_batch_blocks(), DESTAGE_BATCH_MIN_BLOCKS);
+        // A clock that does not move (zero cost) is no division by zero.
+        let mut zero = ReclaimCosts::default();
+        zero.note_write_back(0, 10);
+        assert_eq!(zero.write_back_batch_blocks(), DESTAGE_BATCH_BLOCKS);
     }
 
     #[test]

@@ -302,6 +302,11 @@ pub struct Counters {
     /// Reclaims that wrote dirty blocks back themselves while a writer waited for room.
     #[serde(default)]
     pub reclaim_write_backs: u64,
+    /// The longest a reclaim waited for the destage lock (the write-back batch under way) before
+    /// its own write-back, in microseconds of the volume's clock: batches sized by time and the
+    /// background's yielding bound it (`DESTAGE_BATCH_MS`).
+    #[serde(default)]
+    pub reclaim_destage_wait_max_us: u64,
     /// Clean blocks read since they were cached that reclaim moved to the tail instead of
     /// evicting them (the eviction policy's reinsertion).
     #[serde(default)]
@@ -797,6 +802,23 @@ impl Volume {
     /// under way may still be writing (they run concurrently; `write_around.rs`).
     fn lock_around_to_begin(&self) -> lock_order::Ranked<MutexGuard<'_, ()>> {
         lock_order::ranked(self.lock_owner(), lock_order::Rank::Around, || self.around.lock().expect("around lock"))
+    }
+
+    /// The destage lock as a writer's reclaim takes it, the wait measured for `status`
+    /// (`reclaim_destage_wait_max_us`: at most the batch under way, which is sized by time).
+    fn lock_destage_for_reclaim(&self) -> lock_order::Ranked<MutexGuard<'_, u64>> {
+        let started_ns = self.clock.now_ns();
+        let destage = self.lock_destage();
+        let waited_us = self.clock.now_ns().saturating_sub(started_ns) / 1000;
+        let mut st = self.lock();
+        st.counters.reclaim_destage_wait_max_us = st.counters.reclaim_destage_wait_max_us.max(waited_us);
+        drop(st);
+        destage
+    }
+
+    /// Blocks a write-back batch takes now (`ReclaimCosts::write_back_batch_blocks`).
+    pub(super) fn write_back_batch_blocks(&self) -> usize {
+        self.lock().costs.write_back_batch_blocks()
     }
 
     /// The destage lock as a write-around takes it to begin.

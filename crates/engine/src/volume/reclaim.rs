@@ -237,16 +237,28 @@ impl Volume {
     /// pre-cleaner is behind. Writes it back now, with the dirty blocks of the next few
     /// segments in the same batch (one backing flush for all of them, and the next reclaims
     /// find them clean): this is the backpressure a writer feels when write-back has fallen
-    /// behind, paid in large batches rather than a flush per segment.
+    /// behind, paid in large batches rather than a flush per segment. The segments ahead
+    /// join whole, as far as the batch's size allows (`write_back_batch_blocks`, sized by
+    /// time): a batch ending inside a segment would leave the next reclaim a window part
+    /// clean, which it copies forward instead of freeing.
     fn write_back_for_reclaim(&self, mut dirty: Vec<Picked>, new_head: u64) -> Result<()> {
-        let _destage = self.lock_destage();
-        let ahead = {
+        let _destage = self.lock_destage_for_reclaim();
+        let batch = self.write_back_batch_blocks();
+        {
             let st = self.lock();
-            let until = (new_head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks)).min(st.tail);
-            self.live_between(&st, new_head, until).collect::<Vec<_>>()
-        };
-        let room = DESTAGE_BATCH_BLOCKS.saturating_sub(dirty.len());
-        dirty.extend(ahead.into_iter().filter(|p| p.entry.dirty).take(room));
+            let segment = u64::from(self.layout.segment_blocks);
+            let until = (new_head + PRECLEAN_SEGMENTS * segment).min(st.tail);
+            let mut from = new_head;
+            while from < until {
+                let to = (from + segment).min(until);
+                let more: Vec<Picked> = self.live_between(&st, from, to).filter(|p| p.entry.dirty).collect();
+                if dirty.len() + more.len() > batch {
+                    break;
+                }
+                dirty.extend(more);
+                from = to;
+            }
+        }
         self.destage_blocks(dirty)?;
         Ok(())
     }

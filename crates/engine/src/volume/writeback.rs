@@ -373,7 +373,8 @@ impl Volume {
             }
             pending.sort_unstable_by_key(|p| p.block);
             let mut progressed = false;
-            for batch in pending.chunks(DESTAGE_BATCH_BLOCKS) {
+            // (Batches sized by time, as the background's: writers' reclaims wait for them.)
+            for batch in pending.chunks(self.write_back_batch_blocks()) {
                 let started = std::time::Instant::now();
                 let n = {
                     let _destage = self.lock_destage();
