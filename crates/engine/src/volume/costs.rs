@@ -23,6 +23,12 @@ pub(crate) struct ReclaimCosts {
     /// A reclaim record with copies (cache read of the copies, the record write, the cache
     /// flush) per block it wrote.
     copy_ns_per_block: Option<u64>,
+    /// What sizes a write-back batch (`write_back_batch_blocks`): a batch's fixed cost (its
+    /// cache and backing flushes and the fingerprint update), and the rest as smoothed totals
+    /// (ns, blocks), so that a batch weighs by its blocks: one tiny batch (a lone block's
+    /// write-back) neither passes its flush off as a cost per block nor outweighs a large one.
+    batch_fixed_ns: Option<u64>,
+    batch_io: Option<(u64, u64)>,
 }
 
 /// A copy-forward must look this many times cheaper than the write-back it replaces: the
@@ -62,6 +68,23 @@ impl ReclaimCosts {
         if blocks > 0 {
             self.write_back_ns_per_block = Self::blend(self.write_back_ns_per_block, ns, blocks);
         }
+    }
+
+    /// A write-back batch of `blocks` blocks, timed in two parts: `fixed_ns` (its flushes and
+    /// the fingerprint update, the same whatever its size) and `io_ns` (the rest).
+    pub(crate) fn note_write_back_batch(&mut self, fixed_ns: u64, io_ns: u64, blocks: u64) {
+        if blocks == 0 {
+            return;
+        }
+        self.note_write_back(fixed_ns.saturating_add(io_ns), blocks);
+        let smooth = |old: u64, new: u64| old.saturating_mul(3).saturating_add(new) / 4;
+        self.batch_fixed_ns = Some(self.batch_fixed_ns.map_or(fixed_ns, |o| smooth(o, fixed_ns)));
+        // (Blocks in 1/1024ths, so that smoothing a small count keeps its weight.)
+        let scaled = blocks.saturating_mul(1024);
+        self.batch_io = Some(match self.batch_io {
+            None => (io_ns, scaled),
+            Some((ns, b)) => (smooth(ns, io_ns), smooth(b, scaled).max(1)),
+        });
     }
 
     pub(crate) fn note_copy(&mut self, ns: u64, blocks: u64) {
@@ -114,22 +137,23 @@ impl ReclaimCosts {
         }
     }
 
-    /// How many blocks a write-back batch takes: about `DESTAGE_BATCH_MS` of write-back at
-    /// the measured cost per block, within `DESTAGE_BATCH_MIN_BLOCKS..=DESTAGE_BATCH_BLOCKS`
-    /// (`DESTAGE_BATCH_UNTIMED_BLOCKS` until one was timed). A batch's cost per block includes
-    /// its flush, so a small batch looks dearer per block than a large one: the size settles
-    /// where a batch takes about the target.
+    /// How many blocks a write-back batch takes: as many as its I/O takes `DESTAGE_BATCH_MS`
+    /// less the batch's fixed cost (its flushes), at the measured cost per block; where the
+    /// flushes alone take more than that, as many as take as long as the flushes (so they are
+    /// at most half of a batch's time: a writer waits for a flush anyway). Within
+    /// `DESTAGE_BATCH_MIN_BLOCKS..=DESTAGE_BATCH_BLOCKS`; `DESTAGE_BATCH_UNTIMED_BLOCKS` until a
+    /// batch was timed.
     pub(crate) fn write_back_batch_blocks(&self) -> usize {
         use crate::constants::{
             DESTAGE_BATCH_BLOCKS, DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_MS, DESTAGE_BATCH_UNTIMED_BLOCKS,
         };
-        match self.write_back_ns_per_block {
-            None => DESTAGE_BATCH_UNTIMED_BLOCKS,
-            Some(ns) => {
-                let fit = (DESTAGE_BATCH_MS * 1_000_000 / ns.max(1)).min(DESTAGE_BATCH_BLOCKS as u64) as usize;
-                fit.max(DESTAGE_BATCH_MIN_BLOCKS)
-            }
-        }
+        let (Some(fixed), Some((io_ns, scaled_blocks))) = (self.batch_fixed_ns, self.batch_io) else {
+            return DESTAGE_BATCH_UNTIMED_BLOCKS;
+        };
+        let budget = (DESTAGE_BATCH_MS * 1_000_000).saturating_sub(fixed).max(fixed);
+        // budget / (io_ns / blocks), blocks in 1/1024ths.
+        let fit = u128::from(budget) * u128::from(scaled_blocks) / 1024 / u128::from(io_ns.max(1));
+        (fit.min(DESTAGE_BATCH_BLOCKS as u128) as usize).max(DESTAGE_BATCH_MIN_BLOCKS)
     }
 
     /// (write-back, copy) in ns per block, for `status`.
@@ -209,20 +233,32 @@ mod tests {
         use crate::constants::{DESTAGE_BATCH_BLOCKS, DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_UNTIMED_BLOCKS};
         let mut c = ReclaimCosts::default();
         assert_eq!(c.write_back_batch_blocks(), DESTAGE_BATCH_UNTIMED_BLOCKS);
-        // 25 us a block (an HDD writing sequentially, about 160 MB/s): 1,000 blocks in 25 ms.
-        c.note_write_back(25_000 * 4096, 4096);
+        // 24 us a block besides a 1 ms flush (an HDD writing sequentially, about 160 MB/s):
+        // 1,000 blocks take the 24 ms left of 25.
+        c.note_write_back_batch(1_000_000, 24_000 * 4096, 4096);
         assert_eq!(c.write_back_batch_blocks(), 1000);
         // A fast device: capped.
         let mut fast = ReclaimCosts::default();
-        fast.note_write_back(1_000 * 4096, 4096);
+        fast.note_write_back_batch(1_000_000, 1_000 * 4096, 4096);
         assert_eq!(fast.write_back_batch_blocks(), DESTAGE_BATCH_BLOCKS);
         // Random blocks on an HDD (5 ms each): the floor, not one block.
         let mut slow = ReclaimCosts::default();
-        slow.note_write_back(5_000_000 * 256, 256);
+        slow.note_write_back_batch(1_000_000, 5_000_000 * 256, 256);
         assert_eq!(slow.write_back_batch_blocks(), DESTAGE_BATCH_MIN_BLOCKS);
+        // A flush slower than the target (40 ms) with 20 us a block: as much I/O as the flush
+        // takes (2,000 blocks), not the floor that a cost per block including it would give.
+        let mut flushy = ReclaimCosts::default();
+        flushy.note_write_back_batch(40_000_000, 20_000 * 1000, 1000);
+        assert_eq!(flushy.write_back_batch_blocks(), 2000);
+        // One tiny batch after large ones: its flush is not a cost per block, and its one block
+        // weighs as one.
+        let mut tiny = ReclaimCosts::default();
+        tiny.note_write_back_batch(1_000_000, 2_000 * 4096, 4096);
+        tiny.note_write_back_batch(1_000_000, 20_000, 1);
+        assert_eq!(tiny.write_back_batch_blocks(), DESTAGE_BATCH_BLOCKS);
         // A clock that does not move (zero cost) is no division by zero.
         let mut zero = ReclaimCosts::default();
-        zero.note_write_back(0, 10);
+        zero.note_write_back_batch(0, 0, 10);
         assert_eq!(zero.write_back_batch_blocks(), DESTAGE_BATCH_BLOCKS);
     }
 

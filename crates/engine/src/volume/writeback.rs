@@ -78,6 +78,17 @@ impl Volume {
                     }
                 }
                 if !dense_only || dense {
+                    if batch.len() + dirty.len() > max_blocks {
+                        // The batch's size holds (a writer's reclaim may be waiting for it):
+                        // this window is the next batch's. A window denser than a whole batch
+                        // is written back a batch at a time, its oldest blocks first, and
+                        // looked at again from its start (once what is left is sparse, it
+                        // is left to reclaim's copy-forward).
+                        if batch.is_empty() {
+                            batch.extend(dirty.into_iter().take(max_blocks));
+                        }
+                        break;
+                    }
                     batch.extend(dirty);
                 }
                 pos = end;
@@ -125,33 +136,38 @@ impl Volume {
         if !keep.iter().any(|&k| k) {
             return Ok(0);
         }
-        let written = self.write_back_kept(&blocks, &data, &keep, started)?;
+        let (written, fixed_ns) = self.write_back_kept(&blocks, &data, &keep, started)?;
         let ns = self.clock.now_ns().saturating_sub(started_ns);
-        self.lock().costs.note_write_back(ns, written as u64);
+        self.lock().costs.note_write_back_batch(fixed_ns, ns.saturating_sub(fixed_ns), written as u64);
         Ok(written)
     }
 
     /// `destage_blocks` after verification: the kept blocks to the backing device, flushed,
-    /// then marked clean.
+    /// then marked clean. Returns how many were written, and how long the batch's fixed part
+    /// took (its flushes and the fingerprint update: `ReclaimCosts::note_write_back_batch`).
     fn write_back_kept(
         &self,
         blocks: &[Picked],
         data: &[u8],
         keep: &[bool],
         started: std::time::Instant,
-    ) -> Result<usize> {
+    ) -> Result<(usize, u64)> {
+        let t0 = self.clock.now_ns();
         // The versions about to reach the backing device must be durable in the cache's log
         // first: otherwise a crash could keep them on the backing device while the cache
         // recovers an older version as clean, and the block would later change by itself.
         self.cache_io("flushing the cache device before write-back", self.cache.flush())?;
         let fingerprints = self.begin_fingerprint_update(blocks, data, keep)?;
+        let t1 = self.clock.now_ns();
         let written = self.write_runs(blocks, data, keep)?;
+        let t2 = self.clock.now_ns();
         if !sabotaged!(self, DestageSkipsBackingFlush) {
             self.backing.flush().map_err(EngineError::backing)?;
         }
         if let Some(new) = fingerprints {
             self.end_fingerprint_update(&new)?;
         }
+        let fixed_ns = t1.saturating_sub(t0).saturating_add(self.clock.now_ns().saturating_sub(t2));
         let mut st = self.lock();
         st.counters.backing_flushes += 1;
         self.mark_written_clean(&mut st, blocks, keep);
@@ -161,7 +177,7 @@ impl Volume {
             elapsed_us = started.elapsed().as_micros() as u64,
             "write-back batch"
         );
-        Ok(written)
+        Ok((written, fixed_ns))
     }
 
     /// Which blocks of a batch read into `data` to write back: those whose index entry still
