@@ -78,17 +78,21 @@ impl Volume {
                     }
                 }
                 if !dense_only || dense {
-                    if batch.len() + dirty.len() > max_blocks {
-                        // The batch's size holds (a writer's reclaim may be waiting for it):
-                        // this window is the next batch's. A window denser than a whole batch
-                        // is written back a batch at a time, its oldest blocks first, and
-                        // looked at again from its start (once what is left is sparse, it
-                        // is left to reclaim's copy-forward).
+                    if dirty.len() > max_blocks {
+                        // A window denser than a whole batch (a writer's reclaim may be waiting
+                        // for the batch): written back a batch at a time, its oldest blocks
+                        // first, and looked at again from its start (once what is left is
+                        // sparse, it is left to reclaim's copy-forward). After other windows,
+                        // it is the next batch's.
                         if batch.is_empty() {
                             batch.extend(dirty.into_iter().take(max_blocks));
                         }
                         break;
                     }
+                    // (Whole windows while the batch is short of its size: at most twice that.
+                    // Stopping short of it instead, one window a batch at the 256-block floor
+                    // over an emulated HDD halved the pre-cleaner's pace: writes meeting dirty
+                    // data at the head fell from 0.80-0.96 of the empty-cache rate to 0.21-0.24.)
                     batch.extend(dirty);
                 }
                 pos = end;
