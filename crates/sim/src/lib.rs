@@ -1059,6 +1059,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         write_around,
         record_entries,
         eviction: eviction_for(config.seed),
+        write_back_batch_bounds: write_back_batch_bounds_for(config.seed),
         ..VolumeOptions::default()
     };
     for cycle in 0..cycles {
@@ -1811,6 +1812,16 @@ mod adversarial_batch_tests {
         let reads = inner.stats().reads - before;
         assert_eq!(reads, 2, "a batch of two 3-buffer ranges reached the SimDevice as {reads} reads");
     }
+}
+
+/// Write-back batch bounds scaled to the simulators' logs (64 to 256 blocks) in half the seeds,
+/// so that batches are cut short by their size there (reclaim's segments ahead, the dense
+/// pre-clean's windows, a window denser than a batch written back a batch at a time); the
+/// shipped bounds (256 to 4,096 blocks, more than these logs hold) in the others. From the
+/// seed alone: no draw of the seed's streams changes.
+pub(crate) fn write_back_batch_bounds_for(seed: u64) -> Option<(usize, usize)> {
+    let min = 2 + (seed / 2 % 4) as usize;
+    (seed % 2 == 1).then_some((min, 4 * min))
 }
 
 /// The eviction policy of a seed (its own stream): the default `adaptive` (misses fill the log

@@ -317,6 +317,7 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
         options: VolumeOptions {
             sabotage: config.sabotage,
             eviction: crate::eviction_for(config.seed),
+            write_back_batch_bounds: crate::write_back_batch_bounds_for(config.seed),
             ..VolumeOptions::default()
         },
         max_ops: config.max_ops_per_cycle.max(1),

@@ -140,20 +140,18 @@ impl ReclaimCosts {
     /// How many blocks a write-back batch takes: as many as its I/O takes `DESTAGE_BATCH_MS`
     /// less the batch's fixed cost (its flushes), at the measured cost per block; where the
     /// flushes alone take more than that, as many as take as long as the flushes (so they are
-    /// at most half of a batch's time: a writer waits for a flush anyway). Within
-    /// `DESTAGE_BATCH_MIN_BLOCKS..=DESTAGE_BATCH_BLOCKS`; `DESTAGE_BATCH_UNTIMED_BLOCKS` until a
-    /// batch was timed.
-    pub(crate) fn write_back_batch_blocks(&self) -> usize {
-        use crate::constants::{
-            DESTAGE_BATCH_BLOCKS, DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_MS, DESTAGE_BATCH_UNTIMED_BLOCKS,
-        };
+    /// at most half of a batch's time: a writer waits for a flush anyway). Within `min..=max`
+    /// (`DESTAGE_BATCH_MIN_BLOCKS..=DESTAGE_BATCH_BLOCKS`); `DESTAGE_BATCH_UNTIMED_BLOCKS` until
+    /// a batch was timed.
+    pub(crate) fn write_back_batch_blocks(&self, (min, max): (usize, usize)) -> usize {
+        use crate::constants::{DESTAGE_BATCH_MS, DESTAGE_BATCH_UNTIMED_BLOCKS};
         let (Some(fixed), Some((io_ns, scaled_blocks))) = (self.batch_fixed_ns, self.batch_io) else {
-            return DESTAGE_BATCH_UNTIMED_BLOCKS;
+            return DESTAGE_BATCH_UNTIMED_BLOCKS.clamp(min, max);
         };
         let budget = (DESTAGE_BATCH_MS * 1_000_000).saturating_sub(fixed).max(fixed);
         // budget / (io_ns / blocks), blocks in 1/1024ths.
         let fit = u128::from(budget) * u128::from(scaled_blocks) / 1024 / u128::from(io_ns.max(1));
-        (fit.min(DESTAGE_BATCH_BLOCKS as u128) as usize).max(DESTAGE_BATCH_MIN_BLOCKS)
+        (fit.min(max as u128) as usize).max(min)
     }
 
     /// (write-back, copy) in ns per block, for `status`.
@@ -231,35 +229,40 @@ mod tests {
     #[test]
     fn write_back_batches_are_sized_by_their_measured_cost() {
         use crate::constants::{DESTAGE_BATCH_BLOCKS, DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_UNTIMED_BLOCKS};
+        const BOUNDS: (usize, usize) = (DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_BLOCKS);
         let mut c = ReclaimCosts::default();
-        assert_eq!(c.write_back_batch_blocks(), DESTAGE_BATCH_UNTIMED_BLOCKS);
+        assert_eq!(c.write_back_batch_blocks(BOUNDS), DESTAGE_BATCH_UNTIMED_BLOCKS);
         // 24 us a block besides a 1 ms flush (an HDD writing sequentially, about 160 MB/s):
         // 1,000 blocks take the 24 ms left of 25.
         c.note_write_back_batch(1_000_000, 24_000 * 4096, 4096);
-        assert_eq!(c.write_back_batch_blocks(), 1000);
+        assert_eq!(c.write_back_batch_blocks(BOUNDS), 1000);
         // A fast device: capped.
         let mut fast = ReclaimCosts::default();
         fast.note_write_back_batch(1_000_000, 1_000 * 4096, 4096);
-        assert_eq!(fast.write_back_batch_blocks(), DESTAGE_BATCH_BLOCKS);
+        assert_eq!(fast.write_back_batch_blocks(BOUNDS), DESTAGE_BATCH_BLOCKS);
         // Random blocks on an HDD (5 ms each): the floor, not one block.
         let mut slow = ReclaimCosts::default();
         slow.note_write_back_batch(1_000_000, 5_000_000 * 256, 256);
-        assert_eq!(slow.write_back_batch_blocks(), DESTAGE_BATCH_MIN_BLOCKS);
+        assert_eq!(slow.write_back_batch_blocks(BOUNDS), DESTAGE_BATCH_MIN_BLOCKS);
         // A flush slower than the target (40 ms) with 20 us a block: as much I/O as the flush
         // takes (2,000 blocks), not the floor that a cost per block including it would give.
         let mut flushy = ReclaimCosts::default();
         flushy.note_write_back_batch(40_000_000, 20_000 * 1000, 1000);
-        assert_eq!(flushy.write_back_batch_blocks(), 2000);
+        assert_eq!(flushy.write_back_batch_blocks(BOUNDS), 2000);
         // One tiny batch after large ones: its flush is not a cost per block, and its one block
         // weighs as one.
         let mut tiny = ReclaimCosts::default();
         tiny.note_write_back_batch(1_000_000, 2_000 * 4096, 4096);
         tiny.note_write_back_batch(1_000_000, 20_000, 1);
-        assert_eq!(tiny.write_back_batch_blocks(), DESTAGE_BATCH_BLOCKS);
+        assert_eq!(tiny.write_back_batch_blocks(BOUNDS), DESTAGE_BATCH_BLOCKS);
         // A clock that does not move (zero cost) is no division by zero.
         let mut zero = ReclaimCosts::default();
         zero.note_write_back_batch(0, 0, 10);
-        assert_eq!(zero.write_back_batch_blocks(), DESTAGE_BATCH_BLOCKS);
+        assert_eq!(zero.write_back_batch_blocks(BOUNDS), DESTAGE_BATCH_BLOCKS);
+        // Other bounds (the simulators' scaled-down ones): the same rule within them.
+        assert_eq!(ReclaimCosts::default().write_back_batch_blocks((4, 16)), 16);
+        assert_eq!(c.write_back_batch_blocks((4, 16)), 16);
+        assert_eq!(slow.write_back_batch_blocks((4, 16)), 4);
     }
 
     #[test]

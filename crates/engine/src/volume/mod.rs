@@ -146,6 +146,12 @@ pub struct VolumeOptions {
     /// be in flight between reclaims, as on a real log.
     #[cfg(feature = "testing")]
     pub record_entries: Option<usize>,
+    /// Test machinery: the write-back batch size's bounds (fewest, most blocks) instead of
+    /// `DESTAGE_BATCH_MIN_BLOCKS` and `DESTAGE_BATCH_BLOCKS` (the `testing` feature). The
+    /// simulators' logs (64 to 256 blocks) never hold a full-size batch's worth of dirty
+    /// blocks: scaled down, batches there are cut short by their size as on a real cache.
+    #[cfg(feature = "testing")]
+    pub write_back_batch_bounds: Option<(usize, usize)>,
 }
 
 impl Default for VolumeOptions {
@@ -161,6 +167,8 @@ impl Default for VolumeOptions {
             sabotage: crate::Sabotage::None,
             #[cfg(feature = "testing")]
             record_entries: None,
+            #[cfg(feature = "testing")]
+            write_back_batch_bounds: None,
         }
     }
 }
@@ -818,7 +826,17 @@ impl Volume {
 
     /// Blocks a write-back batch takes now (`ReclaimCosts::write_back_batch_blocks`).
     pub(super) fn write_back_batch_blocks(&self) -> usize {
-        self.lock().costs.write_back_batch_blocks()
+        let costs = self.lock().costs;
+        costs.write_back_batch_blocks(self.write_back_batch_bounds())
+    }
+
+    /// The fewest and most blocks a write-back batch takes.
+    pub(super) fn write_back_batch_bounds(&self) -> (usize, usize) {
+        #[cfg(feature = "testing")]
+        if let Some(bounds) = self.options.write_back_batch_bounds {
+            return bounds;
+        }
+        (DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_BLOCKS)
     }
 
     /// The destage lock as a write-around takes it to begin.
