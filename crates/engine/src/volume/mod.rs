@@ -311,8 +311,8 @@ pub struct Counters {
     #[serde(default)]
     pub reclaim_write_backs: u64,
     /// The longest a reclaim waited for the destage lock (the write-back batch under way) before
-    /// its own write-back, in microseconds of the volume's clock: batches sized by time and the
-    /// background's yielding bound it (`DESTAGE_BATCH_MS`).
+    /// its own write-back, in microseconds of the volume's clock: batches sized by time bound it
+    /// (`DESTAGE_BATCH_MS`).
     #[serde(default)]
     pub reclaim_destage_wait_max_us: u64,
     /// Clean blocks read since they were cached that reclaim moved to the tail instead of
