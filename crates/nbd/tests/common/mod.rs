@@ -2,7 +2,7 @@
 //! hand (the server's own encoder is what they check).
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{Read, Write};
 use tiercache_nbd::proto::*;
 
 pub fn request_flags(kind: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
@@ -37,4 +37,26 @@ pub fn read_payload(c: &mut impl Read, n: usize) -> Vec<u8> {
     let mut d = vec![0u8; n];
     c.read_exact(&mut d).unwrap();
     d
+}
+
+/// A client past the handshake (fixed newstyle, no zeroes, GO on the default export).
+pub fn handshake<S: Read + Write>(mut c: S) -> S {
+    let mut hello = [0u8; 18];
+    c.read_exact(&mut hello).unwrap();
+    c.write_all(&3u32.to_be_bytes()).unwrap();
+    let mut opt = b"IHAVEOPT".to_vec();
+    opt.extend_from_slice(&OPT_GO.to_be_bytes());
+    opt.extend_from_slice(&6u32.to_be_bytes());
+    opt.extend_from_slice(&[0; 6]);
+    c.write_all(&opt).unwrap();
+    loop {
+        let mut h = [0u8; 20];
+        c.read_exact(&mut h).unwrap();
+        let kind = u32::from_be_bytes(h[12..16].try_into().unwrap());
+        let mut d = vec![0u8; u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize];
+        c.read_exact(&mut d).unwrap();
+        if kind == REP_ACK {
+            return c;
+        }
+    }
 }
