@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 25] = [
+        let counters: [(&str, &str, u64); 27] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -188,6 +188,16 @@ impl Collector for VolumeCollector {
                 "nested_record_writes",
                 "Log records a lone writer wrote while its previous record's write was in flight",
                 c.nested_record_writes,
+            ),
+            (
+                "handed_off_records",
+                "Log records sealed by a writer that went on at once, their write handed to the record writer thread",
+                c.handed_off_records,
+            ),
+            (
+                "handed_off_records_written_by_waiters",
+                "Handed-off log records written by a thread that needed them (a FLUSH, reclaim) before the record writer began them",
+                c.handed_off_records_written_by_waiters,
             ),
             ("cache_flushes", "Flushes of the cache device", c.cache_flushes),
             ("backing_flushes", "Flushes of the backing device", c.backing_flushes),

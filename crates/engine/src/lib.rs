@@ -138,11 +138,14 @@ impl std::fmt::Display for VolumeState {
     }
 }
 
-/// The background worker of a volume: writes out staged data after a while, destages between
-/// the watermarks, pre-cleans the head of the log. Stops when dropped.
+/// The background workers of a volume: one thread writes out staged data after a while,
+/// destages between the watermarks and pre-cleans the head of the log; another, the record
+/// writer, writes the records writers seal, so that a writer goes on staging instead of
+/// waiting for its record's write (`Volume::set_record_writer`). Stop when dropped.
 pub struct Background {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
+    record_writer: Option<JoinHandle<()>>,
     volume: Weak<Volume>,
 }
 
@@ -172,7 +175,35 @@ impl Background {
             })
             .expect("spawn background thread");
         volume.set_background(Some(handle.thread().clone()));
-        Background { stop, handle: Some(handle), volume: Arc::downgrade(volume) }
+        let record_writer = Self::start_record_writer(volume, &stop);
+        Background { stop, handle: Some(handle), record_writer: Some(record_writer), volume: Arc::downgrade(volume) }
+    }
+
+    /// The record writer: woken by each seal (and every period, in case a wake-up was
+    /// missed), writes what was handed off. A failed write poisons the volume; the records
+    /// after it are still written, by this thread or by whoever needs them, as the failing
+    /// write's own writer would have.
+    fn start_record_writer(volume: &Arc<Volume>, stop: &Arc<AtomicBool>) -> JoinHandle<()> {
+        let weak: Weak<Volume> = Arc::downgrade(volume);
+        let stop = Arc::clone(stop);
+        let handle = std::thread::Builder::new()
+            .name("tiercache-rec".into())
+            .spawn(move || {
+                let period = std::time::Duration::from_millis(constants::BACKGROUND_PERIOD_MS);
+                while !stop.load(Ordering::Relaxed) {
+                    let Some(v) = weak.upgrade() else { break };
+                    if v.write_handed_off_records().is_err() {
+                        // (Logged by the volume when it was poisoned; the rest are still
+                        // written, each failing the same way, until the volume is closed.)
+                        let _ = v.write_handed_off_records();
+                    }
+                    drop(v);
+                    std::thread::park_timeout(period);
+                }
+            })
+            .expect("spawn record writer thread");
+        volume.set_record_writer(Some(handle.thread().clone()));
+        handle
     }
 }
 
@@ -181,8 +212,10 @@ impl Drop for Background {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(v) = self.volume.upgrade() {
             v.set_background(None);
+            // (What it was handed and has not begun is written by whoever needs it next.)
+            v.set_record_writer(None);
         }
-        if let Some(h) = self.handle.take() {
+        for h in [self.handle.take(), self.record_writer.take()].into_iter().flatten() {
             h.thread().unpark();
             let _ = h.join();
         }

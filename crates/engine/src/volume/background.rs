@@ -118,6 +118,32 @@ impl Volume {
         }
     }
 
+    /// Hands sealed records to `thread` (the record writer, which calls
+    /// `write_handed_off_record` when woken), or, with `None`, lets each writer write its
+    /// own again (what is handed off already is written by whoever needs it first).
+    pub fn set_record_writer(&self, thread: Option<std::thread::Thread>) {
+        self.record_writer.store(thread.is_some(), Ordering::Relaxed);
+        *self.record_writer_thread.lock().expect("record writer thread handle") = thread;
+    }
+
+    /// Wakes the record writer thread, if there is one.
+    pub(super) fn wake_record_writer(&self) {
+        if let Some(t) = &*self.record_writer_thread.lock().expect("record writer thread handle") {
+            t.unpark();
+        }
+    }
+
+    /// The record writer thread's work: writes every record handed off whose write nobody has
+    /// begun, oldest first. Returns how many it wrote; an error is a failed write (the volume
+    /// is poisoned).
+    pub fn write_handed_off_records(&self) -> Result<usize> {
+        let mut n = 0;
+        while self.write_handed_off_record(false)? {
+            n += 1;
+        }
+        Ok(n)
+    }
+
     /// Above the high watermark, writes wait in proportion to how close the log is to full of
     /// dirty data, so the destager catches up smoothly instead of writes stalling at the end.
     pub(super) fn backpressure(&self) {

@@ -154,6 +154,22 @@ impl Volume {
     /// state lock, never the io lock.
     fn write_out_pipelined_while(&self, mut io: IoGuard<'_>, during: Option<&mut dyn FnMut()>) -> Result<()> {
         let Some(mut st) = self.staged_with_room(&mut io)? else { return Ok(()) };
+        if self.record_writer.load(Ordering::Relaxed) && !st.has_unclaimed_record() {
+            // Handoff: the record writer thread writes it, and this writer goes on at once
+            // (a lone writer waited for about one record write per request otherwise: 0.57-0.70
+            // of the raw device at queue depth 1, issue 13). Its data is served from the record
+            // buffer meanwhile, and whoever needs it written first writes it itself. One record
+            // at most waits for the record writer to begin it: a seal behind that one writes
+            // its own record, so many writers keep several record writes in flight, as the
+            // pipeline lets them (one thread writing them one after another ran 16 writers of
+            // 64 KiB at 0.60 of the raw device instead of 0.93).
+            st.counters.handed_off_records += 1;
+            drop(self.seal_staging(&mut st, false));
+            drop(st);
+            drop(io);
+            self.wake_record_writer();
+            return self.checkpoint_if_due();
+        }
         // (Only a record written alone: with others in flight the device has work queued
         // anyway, and staging meanwhile, contended by the other writers, held this record's
         // buffer past its write, leaving fewer in flight: 16 writers of 1 MiB went from 0.81
@@ -162,6 +178,11 @@ impl Volume {
         let during = during.filter(|_| alone);
         st.counters.staged_during_record_writes += u64::from(during.is_some());
         self.seal_and_write(st, io, false, during)?;
+        self.checkpoint_if_due()
+    }
+
+    /// A checkpoint, if the log written since the last one calls for it (io lock not held).
+    fn checkpoint_if_due(&self) -> Result<()> {
         if self.checkpoint_due() {
             let _io = self.lock_io();
             if self.checkpoint_due() {
@@ -169,6 +190,32 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// Writes the oldest record handed off whose write nobody has begun (the record writer
+    /// thread's work; `by_waiter`: a thread that needs it written, which writes it rather
+    /// than wait). Returns whether there was one; an error is that record's failed write
+    /// (the volume is poisoned).
+    pub(super) fn write_handed_off_record(&self, by_waiter: bool) -> Result<bool> {
+        let writing: Arc<Mutex<()>>;
+        let write;
+        let (position, blocks, buf) = {
+            let mut st = self.lock();
+            let Some(r) = st.inflight.iter_mut().find(|r| !r.claimed) else { return Ok(false) };
+            writing = Arc::clone(&r.writing);
+            // Claimed with its lock taken in one step under the state lock, so a waiter never
+            // finds it claimed and unlocked (it would take the lock, find the write not done
+            // and spin). A try that cannot fail: nobody takes an unclaimed record's lock.
+            write = lock_order::try_ranked(self.lock_owner(), lock_order::Rank::Record, || writing.try_lock().ok())
+                .expect("an unclaimed record's lock is free");
+            r.claimed = true;
+            let claim = (r.position, r.blocks, Arc::clone(&r.buf));
+            st.counters.handed_off_records_written_by_waiters += u64::from(by_waiter);
+            claim
+        };
+        let written = self.write_sealed(Sealed { position, blocks, buf, writing: Arc::clone(&writing) }, None);
+        drop(write);
+        written.map(|()| true)
     }
 
     /// Seals the staging buffer into a record and writes it at the tail, reclaiming space
@@ -180,7 +227,7 @@ impl Volume {
             "write_out with a record write in progress"
         );
         let Some(mut st) = self.staged_with_room(io)? else { return Ok(()) };
-        let sealed = self.seal_staging(&mut st);
+        let sealed = self.seal_staging(&mut st, true);
         drop(st);
         self.write_sealed(sealed, None)?;
         if self.checkpoint_due() {
@@ -220,6 +267,11 @@ impl Volume {
     /// Waits for the oldest record write in progress to end (io lock held): the record
     /// buffer it holds is free afterwards, or the volume is poisoned.
     fn wait_for_oldest_record(&self) {
+        // (A record handed off and not begun is written here; a failure poisons the volume,
+        // which the caller sees.)
+        if let Ok(true) = self.write_handed_off_record(true) {
+            return;
+        }
         if let Some(writing) = self.oldest_record_writing() {
             drop(self.lock_record_write(&writing));
         }
@@ -305,7 +357,7 @@ impl Volume {
         nested: bool,
         during: Option<&mut dyn FnMut()>,
     ) -> Result<()> {
-        let sealed = self.seal_staging(&mut st);
+        let sealed = self.seal_staging(&mut st, true);
         drop(st);
         let writing = Arc::clone(&sealed.writing);
         let write = if nested {
@@ -343,8 +395,9 @@ impl Volume {
 
     /// Seals staging into a record at the tail: encodes its header, swaps the buffer out for
     /// a spare one (staging starts empty) and adds it to the records in flight, which reads
-    /// are served from until it is in the index.
-    fn seal_staging(&self, st: &mut State) -> Sealed {
+    /// are served from until it is in the index. `claimed`: the caller writes it (else it is
+    /// handed off, for the record writer or whoever needs it written first).
+    fn seal_staging(&self, st: &mut State, claimed: bool) -> Sealed {
         let bs = self.bs;
         let blocks = 1 + st.staging.data.len() as u64;
         let position = st.tail;
@@ -389,6 +442,7 @@ impl Volume {
             losses,
             writing: Arc::clone(&writing),
             done: None,
+            claimed,
         });
         Self::advance_tail(st, blocks, crc);
         st.sealed += 1;

@@ -253,6 +253,10 @@ struct Inflight {
     /// The write returned: `Some(true)` written, `Some(false)` failed (the volume is
     /// poisoned and the record stays here, so reads keep seeing its data).
     done: Option<bool>,
+    /// A thread has begun its write, holding `writing` (set under the state lock). False
+    /// only for a record handed off (`commit.rs`) whose write nobody has begun: a thread that
+    /// needs it written writes it instead of waiting on `writing`.
+    claimed: bool,
 }
 
 /// Counters, reported by `status`.
@@ -292,6 +296,14 @@ pub struct Counters {
     /// flight (`try_commit_nested`): two of one request's records in flight at once.
     #[serde(default)]
     pub nested_record_writes: u64,
+    /// Records sealed by a writer that went on at once, their write handed to the record
+    /// writer thread (`commit.rs`, handoff).
+    #[serde(default)]
+    pub handed_off_records: u64,
+    /// Of those, records written by a thread that needed them written (a FLUSH, reclaim, a
+    /// seal short of a record buffer) before the record writer began them.
+    #[serde(default)]
+    pub handed_off_records_written_by_waiters: u64,
     pub cache_flushes: u64,
     pub destaged_blocks: u64,
     pub backing_flushes: u64,
@@ -444,9 +456,14 @@ impl State {
         self.inflight.iter().rev().find_map(|r| r.map.get(&block).map(|&k| &r.buf[(1 + k) * bs..(2 + k) * bs]))
     }
 
-    /// The lock of the oldest record whose write has not returned.
+    /// The lock of the oldest record whose write has begun and not returned.
     fn oldest_record_writing(&self) -> Option<Arc<Mutex<()>>> {
-        self.inflight.iter().find(|r| r.done.is_none()).map(|r| Arc::clone(&r.writing))
+        self.inflight.iter().find(|r| r.done.is_none() && r.claimed).map(|r| Arc::clone(&r.writing))
+    }
+
+    /// Whether a record handed off waits for its write to begin.
+    fn has_unclaimed_record(&self) -> bool {
+        self.inflight.iter().any(|r| !r.claimed)
     }
 
     /// Whether a sealed record not yet in the index holds `block`.
@@ -576,6 +593,10 @@ pub struct Volume {
     /// The background thread, woken when readers' admissions fill staging. (A std mutex: the
     /// simulator runs no background thread.)
     background_thread: std::sync::Mutex<Option<std::thread::Thread>>,
+    /// Sealed records are handed to a record writer thread (`commit.rs`, handoff), woken
+    /// through `record_writer_thread`; without one, a writer writes its own records.
+    record_writer: AtomicBool,
+    record_writer_thread: std::sync::Mutex<Option<std::thread::Thread>>,
 }
 
 /// What recovery produced, handed to `Volume::assemble`.
@@ -696,6 +717,8 @@ impl Volume {
             rmw: Mutex::new(()),
             background: AtomicBool::new(false),
             background_thread: std::sync::Mutex::new(None),
+            record_writer: AtomicBool::new(false),
+            record_writer_thread: std::sync::Mutex::new(None),
         }
     }
 
@@ -749,8 +772,14 @@ impl Volume {
 
     /// Waits until no record write is in progress (io lock held, so no new one starts).
     /// A failed write counts as ended: the volume is poisoned, and its record stays in
-    /// flight for reads.
+    /// flight for reads. Records handed off whose write has not begun are written here,
+    /// not waited for (a failure poisons the volume, which the caller sees).
     fn drain_records(&self) {
+        // (Every one, failed or not: a failure poisons the volume and marks its record
+        // ended, as the pipeline's own writers do.)
+        while self.lock().has_unclaimed_record() {
+            let _ = self.write_handed_off_record(true);
+        }
         self.wait_for_each(lock_order::Rank::Record, State::oldest_record_writing);
     }
 
