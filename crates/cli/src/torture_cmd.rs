@@ -91,6 +91,8 @@ struct Summary {
     destaged_blocks: u64,
     checkpoints: u64,
     log_wraps: u64,
+    handed_off_records: u64,
+    handed_off_records_written_by_waiters: u64,
     violations: Vec<tiercache_sim::Violation>,
 }
 
@@ -110,6 +112,8 @@ impl Summary {
         self.destaged_blocks += r.destaged_blocks;
         self.checkpoints += r.checkpoints;
         self.log_wraps += r.log_wraps;
+        self.handed_off_records += r.handed_off_records;
+        self.handed_off_records_written_by_waiters += r.handed_off_records_written_by_waiters;
         self.violations.extend(r.violations.iter().take(5).cloned());
     }
 }
@@ -269,7 +273,7 @@ pub fn torture_cmd(args: TortureArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         println!(
-            "seeds {:?}: {} cycles, {} operations, {} crashes ({} with a device failing mid-run); {} blocks reclaimed, {} written back, {} checkpoints, {} log laps",
+            "seeds {:?}: {} cycles, {} operations, {} crashes ({} with a device failing mid-run); {} blocks reclaimed, {} written back, {} checkpoints, {} log laps; {} records handed to the record writer ({} written by a thread that needed them first)",
             summary.seeds,
             summary.cycles,
             summary.operations,
@@ -278,7 +282,9 @@ pub fn torture_cmd(args: TortureArgs) -> Result<()> {
             summary.reclaimed_blocks,
             summary.destaged_blocks,
             summary.checkpoints,
-            summary.log_wraps
+            summary.log_wraps,
+            summary.handed_off_records,
+            summary.handed_off_records_written_by_waiters
         );
         println!(
             "lost blocks {}, stale reads {}, corrupt reads {}, unexpected errors {}, failed recoveries {}",

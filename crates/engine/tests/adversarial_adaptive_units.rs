@@ -217,19 +217,25 @@ fn each_simulation_holds_at_most_65536_blocks() {
 // a set and a sort per segment. A million reads of a loop larger than the cache (every read
 // a miss that stages and reclaims) must stay well under a microsecond or two each, or
 // `plan_read` (which runs this under the state lock, 256 times for a 1 MiB read) slows
-// every reader. Measured, bounded loosely: expected to pass.
+// every reader. Measured in this thread's CPU time (wall-clock time failed the bound once on a
+// loaded machine, the test binaries and two other processes sharing its two cores), bounded
+// loosely: expected to pass.
 #[test]
 fn a_sampled_read_costs_about_a_microsecond() {
     let mut d = Duel::new(3584, 512);
     assert_eq!(d.sampling_rate(), 2);
     let mut small = Duel::new(1800, 200);
     assert_eq!(small.sampling_rate(), 1, "every block simulated");
-    let started = std::time::Instant::now();
+    let cpu_ns = || {
+        let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+        t.tv_sec as u128 * 1_000_000_000 + t.tv_nsec as u128
+    };
+    let started = cpu_ns();
     for i in 0..1_000_000u64 {
         small.read(i % 3000, true, true);
         d.read(i % 6000, true, true);
     }
-    let per_read = started.elapsed().as_nanos() as f64 / 2e6;
+    let per_read = (cpu_ns() - started) as f64 / 2e6;
     eprintln!("duel: {per_read:.0} ns per read (both simulations)");
     assert!(per_read < 2_000.0, "{per_read:.0} ns per read");
 }

@@ -18,6 +18,11 @@ impl Volume {
             (stale, (st.index.dirty_len() + st.staging.data.len()) as u64)
         };
         self.write_out_in_background(stale)?;
+        // A record handed off and still not begun (a record writer that died or stalls): the
+        // background writes it, as it writes out stale staging.
+        if self.lock().has_unclaimed_record() {
+            self.write_handed_off_record(false)?;
+        }
         let active = {
             let mut st = self.lock();
             if dirty > high {

@@ -174,7 +174,8 @@ impl Volume {
         // anyway, and staging meanwhile, contended by the other writers, held this record's
         // buffer past its write, leaving fewer in flight: 16 writers of 1 MiB went from 0.81
         // of the raw device to 0.78.)
-        let alone = st.inflight.iter().all(|r| r.done.is_some());
+        // (A record handed off and not begun is no write in progress.)
+        let alone = st.inflight.iter().all(|r| r.done.is_some() || !r.claimed);
         let during = during.filter(|_| alone);
         st.counters.staged_during_record_writes += u64::from(during.is_some());
         self.seal_and_write(st, io, false, during)?;
@@ -429,7 +430,8 @@ impl Volume {
         st.staging.first_staged_ns = None;
         // The staged Trims are sealed with the data they came with.
         st.around.trim_with_data.clear();
-        if st.inflight.iter().any(|r| r.done.is_none()) {
+        if st.inflight.iter().any(|r| r.done.is_none() && r.claimed) {
+            // (Not behind a record handed off whose write nobody has begun.)
             st.counters.overlapped_record_writes += 1;
         }
         let writing = Arc::new(Mutex::new(()));
