@@ -180,9 +180,8 @@ impl Background {
     }
 
     /// The record writer: woken by each seal (and every period, in case a wake-up was
-    /// missed), writes what was handed off. A failed write poisons the volume; the records
-    /// after it are still written, by this thread or by whoever needs them, as the failing
-    /// write's own writer would have.
+    /// missed), writes what was handed off. A failed write poisons the volume (logged there);
+    /// the records after it are still written, as the failing write's own writer would have.
     fn start_record_writer(volume: &Arc<Volume>, stop: &Arc<AtomicBool>) -> JoinHandle<()> {
         let weak: Weak<Volume> = Arc::downgrade(volume);
         let stop = Arc::clone(stop);
@@ -192,11 +191,7 @@ impl Background {
                 let period = std::time::Duration::from_millis(constants::BACKGROUND_PERIOD_MS);
                 while !stop.load(Ordering::Relaxed) {
                     let Some(v) = weak.upgrade() else { break };
-                    if v.write_handed_off_records().is_err() {
-                        // (Logged by the volume when it was poisoned; the rest are still
-                        // written, each failing the same way, until the volume is closed.)
-                        let _ = v.write_handed_off_records();
-                    }
+                    v.write_every_handed_off_record(false);
                     drop(v);
                     std::thread::park_timeout(period);
                 }

@@ -20,9 +20,7 @@ impl Volume {
         self.write_out_in_background(stale)?;
         // A record handed off and still not begun (a record writer that died or stalls): the
         // background writes it, as it writes out stale staging.
-        if self.lock().has_unclaimed_record() {
-            self.write_handed_off_record(false)?;
-        }
+        self.write_handed_off_record(false)?;
         let active = {
             let mut st = self.lock();
             if dirty > high {
@@ -147,6 +145,14 @@ impl Volume {
             n += 1;
         }
         Ok(n)
+    }
+
+    /// Writes every record handed off whose write nobody has begun, failed or not: a failure
+    /// poisons the volume (whoever needs durability sees it) and marks its record ended, as
+    /// the pipeline's own writers do, so the records after it are still written. For the
+    /// record writer thread, and for `drain_records` (`by_waiter`).
+    pub(crate) fn write_every_handed_off_record(&self, by_waiter: bool) {
+        while !matches!(self.write_handed_off_record(by_waiter), Ok(false)) {}
     }
 
     /// Above the high watermark, writes wait in proportion to how close the log is to full of

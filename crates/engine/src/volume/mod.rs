@@ -775,11 +775,7 @@ impl Volume {
     /// flight for reads. Records handed off whose write has not begun are written here,
     /// not waited for (a failure poisons the volume, which the caller sees).
     fn drain_records(&self) {
-        // (Every one, failed or not: a failure poisons the volume and marks its record
-        // ended, as the pipeline's own writers do.)
-        while self.lock().has_unclaimed_record() {
-            let _ = self.write_handed_off_record(true);
-        }
+        self.write_every_handed_off_record(true);
         self.wait_for_each(lock_order::Rank::Record, State::oldest_record_writing);
     }
 
