@@ -842,7 +842,10 @@ fn background_record_writer_failing_a_write_fails_the_next_flush() {
     cache.fail_after(Some(OpKind::Write), 0, FailMode::Once);
     gate.open_gate();
     wait_until("the record writer's write failed", || v.status().failure.is_some());
-    assert!(gate.writers().iter().any(|n| n == "tiercache-rec"), "{:?}", gate.writers());
+    // Either of Background's threads may claim the record: the record writer, or the
+    // background round's backstop (it writes a record still unclaimed when its tick comes).
+    // Both swallow the error the same way; CI once saw the round win the race.
+    assert!(gate.writers().iter().any(|n| n == "tiercache-rec" || n == "tiercache-bg"), "{:?}", gate.writers());
     assert!(v.flush().is_err());
     drop(bg);
     assert!(v.flush().is_err());
