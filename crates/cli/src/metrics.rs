@@ -199,6 +199,11 @@ impl Collector for VolumeCollector {
                 "Handed-off log records written by a thread that needed them (a FLUSH, reclaim) before the record writer began them",
                 c.handed_off_records_written_by_waiters,
             ),
+            (
+                "preclean_swept_blocks",
+                "Dirty blocks the pre-cleaner left at the log head for a sequential writer about to supersede them",
+                c.preclean_swept_blocks,
+            ),
             ("cache_flushes", "Flushes of the cache device", c.cache_flushes),
             ("backing_flushes", "Flushes of the backing device", c.backing_flushes),
             ("checkpoints", "Checkpoints written", c.checkpoints),

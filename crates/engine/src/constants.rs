@@ -49,6 +49,22 @@ pub const PRECLEAN_SEGMENTS: u64 = 4;
 /// back starts as far ahead of them as their own pace (at most a quarter of the log).
 pub const PRECLEAN_HORIZON_MS: u64 = 1000;
 
+/// While the log first fills (the adaptive policy), read misses enter it only while this
+/// share of the log (1/64: 14 MiB of a 1 GiB cache) stays free at the tail; later misses go
+/// to the probation ring. A read fill never makes the log wrap onto the dirty data written
+/// before it, and that room is what lets a writer who then rewrites that data in the order
+/// it was written run ahead of the head: reclaim finds each segment superseded, free to
+/// take, as long as the room exceeds a segment, a record and the reclaim records the rewrite
+/// adds (two blocks a segment; a 1 GiB cache covers a rewrite of about 1.5 GiB). With only
+/// a record's room left (as before), reclaim met every segment half live and wrote back or
+/// copied that half (nbdcopy's rewrite after a cache-filling read ran at 0.36-0.44 of its
+/// empty-cache rate).
+pub const FILL_LEAVES_FREE_DIVISOR: u64 = 64;
+
+/// A sequential write stream continued within this long counts as active: the pre-cleaner
+/// leaves the dirty blocks it is about to supersede (`Streams::sweeping`).
+pub const WRITE_STREAM_ACTIVE_MS: u64 = 100;
+
 /// Write-back batches the pre-cleaner may run in one background round while free space is
 /// short of its horizon (it catches up with a fast writer without waiting a period each).
 pub const PRECLEAN_BATCHES_PER_TICK: usize = 4;

@@ -176,6 +176,9 @@ pub struct SimReport {
     /// them written before the record writer began them (`hands_off_records_for`).
     pub handed_off_records: u64,
     pub handed_off_records_written_by_waiters: u64,
+    /// Dirty blocks the pre-cleaner left to a sequential writer about to supersede them
+    /// (`Streams::sweeping`; the stream clients' laps).
+    pub preclean_swept_blocks: u64,
     pub destaged_blocks: u64,
     pub reclaimed_blocks: u64,
     pub copied_forward_blocks: u64,
@@ -1094,6 +1097,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         report.nested_record_writes += st.counters.nested_record_writes;
         report.handed_off_records += st.counters.handed_off_records;
         report.handed_off_records_written_by_waiters += st.counters.handed_off_records_written_by_waiters;
+        report.preclean_swept_blocks += st.counters.preclean_swept_blocks;
         report.destaged_blocks += st.counters.destaged_blocks;
         report.reclaimed_blocks += st.counters.reclaimed_blocks;
         report.copied_forward_blocks += st.counters.copied_forward_blocks;
@@ -1663,6 +1667,7 @@ mod tests {
         let mut dense_copies = 0;
         let mut promoted = 0;
         let (mut handed_off, mut by_waiters) = (0, 0);
+        let mut swept = 0;
         for seed in 0..12 {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
@@ -1675,7 +1680,10 @@ mod tests {
             promoted += r.promoted_blocks;
             handed_off += r.handed_off_records;
             by_waiters += r.handed_off_records_written_by_waiters;
+            swept += r.preclean_swept_blocks;
         }
+        // The pre-cleaner left dirty windows to a stream client lapping its range.
+        assert!(swept > 0, "no window left to a sequential writer");
         // Records handed to the record writer actor, some written by a thread that needed
         // them before it began them.
         assert!(handed_off > 0 && by_waiters > 0, "handed off {handed_off}, written by waiters {by_waiters}");

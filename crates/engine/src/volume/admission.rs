@@ -110,9 +110,9 @@ impl Volume {
         // (Only while the staged record and one more fit without a reclaim: the misses that
         // would make the log wrap go to the ring, as in the model. Else a scan right after
         // open filled the log's last records, and its first reclaim met the hot set that
-        // went in first, before its blocks had read counts: `adversarial_adaptive.rs`.)
-        let record = 1 + self.staging_limit as u64;
-        if !a.wrapped && st.tail + 2 * record + self.reclaim_reserve() <= st.head + self.layout.log_blocks {
+        // went in first, before its blocks had read counts: `adversarial_adaptive.rs`. On a
+        // large log, a 64th of it is left free besides: `FILL_LEAVES_FREE_DIVISOR`.)
+        if !a.wrapped && st.tail + self.fill_leaves_free() <= st.head + self.layout.log_blocks {
             return Route::LogFilling;
         }
         if !ghost {
@@ -122,6 +122,14 @@ impl Volume {
             return Route::RingRefused;
         }
         Route::Log
+    }
+
+    /// The free room at the tail that read misses filling the log leave: a 64th of the log
+    /// (`FILL_LEAVES_FREE_DIVISOR`), or the staged record, one more and reclaim's reserve
+    /// where that is more.
+    pub(super) fn fill_leaves_free(&self) -> u64 {
+        let record = 1 + self.staging_limit as u64;
+        (2 * record + self.reclaim_reserve()).max(self.layout.log_blocks / FILL_LEAVES_FREE_DIVISOR)
     }
 
     /// The sketch's count of the first block from the log's head that reclaim would evict

@@ -322,6 +322,10 @@ pub struct Counters {
     /// Reclaims that wrote dirty blocks back themselves while a writer waited for room.
     #[serde(default)]
     pub reclaim_write_backs: u64,
+    /// Dirty blocks the pre-cleaner left at the log head because a sequential writer was about
+    /// to supersede them (counted each round it passed them; `writeback.rs`).
+    #[serde(default)]
+    pub preclean_swept_blocks: u64,
     /// The longest a reclaim waited for the destage lock (the write-back batch under way) before
     /// its own write-back, in microseconds of the volume's clock: batches sized by time bound it
     /// (`DESTAGE_BATCH_MS`).
@@ -437,6 +441,8 @@ struct State {
     around: write_around::Around,
     /// Sequential read streams (`streams.rs`).
     streams: streams::Streams,
+    /// Sequential write streams (`streams.rs`, the pre-cleaner's `sweeping` check).
+    write_streams: streams::Streams,
     /// The blocks reclaim evicted lately (`ghost.rs`): the eviction policy's memory of the
     /// blocks it let go.
     ghosts: crate::ghost::Ghosts,
@@ -694,6 +700,7 @@ impl Volume {
                 destaging: false,
                 around: write_around::Around::default(),
                 streams: streams::Streams::default(),
+                write_streams: streams::Streams::default(),
                 // (Half a log of evictions per generation, 2 bytes of RAM per cache block: the
                 // queue remembers the last half to whole log's worth, about the size of
                 // S3-FIFO's. A model of the log missed less with that than with a whole log

@@ -26,6 +26,9 @@ impl Volume {
             let mut st = self.lock();
             st.check_poisoned()?;
             let now = self.clock.now_ns();
+            if *i == 0 {
+                st.write_streams.note(first, chunks.len() as u64, now);
+            }
             while *i < ahead {
                 let block = first + *i as u64;
                 st.cancel_fill(block);

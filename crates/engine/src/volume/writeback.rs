@@ -49,13 +49,18 @@ impl Volume {
     /// chooses the cheaper of the two this way).
     pub(super) fn preclean(&self, max_blocks: usize, dense_only: bool) -> Result<usize> {
         let _cursor = self.lock_destage();
-        let (batch, until) = {
+        let (batch, until, swept) = {
             let st = self.lock();
             st.check_poisoned()?;
+            let mut swept_blocks = 0;
             let window_end = st.head + self.preclean_horizon(&st);
             let (from, until) = (st.precleaned_until.max(st.head), window_end.min(st.written_tail));
             let stretch = if dense_only { u64::from(self.layout.segment_blocks) } else { 1 };
+            let free = st.head + self.layout.log_blocks - st.tail;
+            let streams_since = self.clock.now_ns().saturating_sub(WRITE_STREAM_ACTIVE_MS * 1_000_000);
             let mut batch = Vec::new();
+            // The first window left to a sequential writer (below): looked at again next round.
+            let mut swept_from = None;
             let mut pos = from;
             while pos < until && batch.len() < max_blocks {
                 let end = pos + stretch;
@@ -68,6 +73,15 @@ impl Volume {
                 let live: Vec<Picked> = self.live_between(&st, pos, end).collect();
                 let dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
                 let dense = dirty.len() > self.copy_forward_max();
+                if dense_only && dense && self.swept_by_a_writer(&st, &dirty, pos - st.head + free, streams_since) {
+                    // A sequential writer is rewriting these blocks in the order they sit here,
+                    // far enough ahead that it supersedes them all before reclaim takes this
+                    // window: written back now, they would be written for nothing.
+                    swept_from.get_or_insert(pos);
+                    swept_blocks += dirty.len() as u64;
+                    pos = end;
+                    continue;
+                }
                 if dense_only && dense {
                     // Reclaim's own choice for this window: copied forward up to the cut
                     // (cheaper: no write-back ahead of it), and its next window starts there,
@@ -97,12 +111,30 @@ impl Volume {
                 }
                 pos = end;
             }
-            (batch, pos)
+            (batch, swept_from.unwrap_or(pos), swept_blocks)
         };
         let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
         let mut st = self.lock();
         st.precleaned_until = st.precleaned_until.max(until);
+        st.counters.preclean_swept_blocks += swept;
         Ok(written)
+    }
+
+    /// Whether the dirty blocks of a window are about to be superseded by a sequential write
+    /// stream (one continued lately, at least a segment long) that stands at or before the
+    /// first of them and passes the last before reclaim takes the window. `ahead` is the log
+    /// room the writers fill until then: from the head to the window, and the free room, less
+    /// what a writer leaves when it reclaims (a record and reclaim's reserve) and the reclaim
+    /// records written meanwhile (two blocks a segment the head passes). (Record headers do
+    /// not count: the data being superseded was written with as many.)
+    fn swept_by_a_writer(&self, st: &State, dirty: &[Picked], ahead: u64, since_ns: u64) -> bool {
+        let (Some(lo), Some(hi)) = (dirty.iter().map(|p| p.block).min(), dirty.iter().map(|p| p.block).max()) else {
+            return false;
+        };
+        let seg = u64::from(self.layout.segment_blocks);
+        let short = 2 * ahead / seg + 1 + self.staging_limit as u64 + self.reclaim_reserve();
+        let reach = ahead.saturating_sub(short);
+        st.write_streams.sweeping(lo, hi, reach, since_ns, u64::from(self.layout.segment_blocks))
     }
 
     /// How far ahead of the log head the pre-cleaner keeps the log clean: as many blocks as

@@ -1,0 +1,176 @@
+//! A writer rewriting, in the order it was written, data that sits dirty at the log head
+//! (issue 13, nbdcopy's "rewrite after the reads" row: a backup restored twice, a file
+//! rewritten in place). Pinned by counting blocks, on virtual time:
+//! - `a_rewrite_in_write_order_supersedes_the_dirty_head_instead_of_writing_it_back`: a read
+//!   that fills the cache leaves a 64th of the log free at the tail (`FILL_LEAVES_FREE_DIVISOR`), so the writer
+//!   runs that far ahead of the head; the pre-cleaner leaves the windows it is about to
+//!   supersede (`Streams::sweeping`), and reclaim finds them superseded. Almost nothing is
+//!   written back or copied forward, and a power cut after the FLUSH keeps every block;
+//! - `a_writer_that_stops_leaves_the_head_to_the_pre_cleaner_again`: a stream that stops is
+//!   no reason to leave dirty data at the head: once it has been idle for
+//!   `WRITE_STREAM_ACTIVE_MS`, the pre-cleaner writes the head back as before;
+//! - `a_sequential_writer_of_other_data_gets_the_head_written_back_ahead_of_it`: a writer of
+//!   new data supersedes nothing at the head; the pre-cleaner writes it back as before.
+
+use std::sync::Arc;
+use tiercache_device::{BlockDevice, Clock, SimClock, SimDevice, SimLatency};
+use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
+
+mod common;
+use common::*;
+
+const SEG: u32 = 128;
+const CACHE_BLOCKS: u64 = 65536;
+const BACKING_BLOCKS: u64 = 131072;
+/// A request's blocks (256 KiB, nbdcopy's).
+const REQUEST: u64 = 64;
+const LAT: SimLatency = SimLatency { read_ns: 20_000, write_ns: 20_000, flush_ns: 100_000 };
+/// The background period's order (5 ms), in virtual time.
+const TICK_NS: u64 = 5_000_000;
+
+struct Rig {
+    clock: SimClock,
+    cache: Arc<SimDevice>,
+    backing: Arc<SimDevice>,
+    v: Volume,
+    last_tick: u64,
+}
+
+impl Rig {
+    /// A cache with the default probation ring and the default (adaptive) policy, segments
+    /// of 128 blocks, over a backing device twice its size; sequential reads admitted
+    /// however long (as nbdcopy's table runs it).
+    fn new() -> Rig {
+        let clock = SimClock::new();
+        let cache = Arc::new(SimDevice::new(CACHE_BLOCKS * BS as u64, BS as u32).with_clock(clock.clone(), LAT));
+        let backing =
+            Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_clock(clock.clone(), LAT));
+        create(&*cache, &*backing, &CreateOptions { segment_blocks: SEG, ..CreateOptions::default() }).unwrap();
+        let v = Self::open(&clock, &cache, &backing);
+        Rig { clock, cache, backing, v, last_tick: 0 }
+    }
+
+    fn open(clock: &SimClock, cache: &Arc<SimDevice>, backing: &Arc<SimDevice>) -> Volume {
+        let c: Arc<dyn BlockDevice> = cache.clone();
+        let b: Arc<dyn BlockDevice> = backing.clone();
+        let options = VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() };
+        Volume::open(c, b, Arc::new(clock.clone()), options).expect("open").0
+    }
+
+    /// A background round whenever a period of virtual time has passed.
+    fn tick(&mut self) {
+        if self.clock.now_ns() >= self.last_tick + TICK_NS {
+            self.last_tick = self.clock.now_ns();
+            self.v.background_tick().unwrap();
+        }
+    }
+
+    /// Idle for `ms` of virtual time, background rounds running.
+    fn idle(&mut self, ms: u64) {
+        for _ in 0..ms * 1_000_000 / TICK_NS {
+            self.clock.advance_ns(TICK_NS);
+            self.tick();
+        }
+    }
+
+    /// Writes `blocks` at `version`, one request at a time, in the order given.
+    fn write(&mut self, requests: impl Iterator<Item = u64>, version: u64) {
+        for b in requests {
+            self.v.write(b * BS as u64, &stamps(b, REQUEST, version)).unwrap();
+            self.tick();
+        }
+        self.v.flush().unwrap();
+    }
+
+    /// Three eighths of the cache written (dirty), then the whole backing device read: the
+    /// reads fill the rest of the log and go to the probation ring once it is full; the
+    /// pre-cleaner writes back the first quarter of the log meanwhile (its horizon). (The
+    /// free room the fill leaves, 921 blocks, covers a segment, a record and the reclaim
+    /// records of a rewrite of up to about 38,000 blocks on these 128-block segments.)
+    fn dirty_head_then_cache_filling_read(&mut self) -> u64 {
+        let half = CACHE_BLOCKS * 3 / 8;
+        self.write((0..half).step_by(REQUEST as usize), 1);
+        let mut buf = vec![0u8; (REQUEST * BS as u64) as usize];
+        for b in (0..BACKING_BLOCKS).step_by(REQUEST as usize) {
+            self.v.read(b * BS as u64, &mut buf).unwrap();
+            self.tick();
+        }
+        half
+    }
+}
+
+#[test]
+fn a_rewrite_in_write_order_supersedes_the_dirty_head_instead_of_writing_it_back() {
+    let mut r = Rig::new();
+    let half = r.dirty_head_then_cache_filling_read();
+    let s0 = r.v.status();
+    let log_blocks = s0.log_bytes / BS as u64;
+    assert_eq!(s0.log_head, 0, "the reads made the log wrap");
+    let free = log_blocks - s0.log_tail;
+    // (Less the admissions staged when the fill stopped: up to two records.)
+    assert!(free >= log_blocks / 64 - 2 * 127, "the read fill left {free} blocks free");
+    assert!(s0.dirty_blocks > half / 4, "{} of {half} blocks still dirty", s0.dirty_blocks);
+    r.idle(50);
+
+    r.write((0..half).step_by(REQUEST as usize), 2);
+    let s1 = r.v.status();
+    let (c0, c1) = (&s0.counters, &s1.counters);
+    assert!(s1.log_head > 0, "the rewrite made the log wrap");
+    let wasted = (c1.destaged_blocks - c0.destaged_blocks) + (c1.copied_forward_blocks - c0.copied_forward_blocks);
+    let swept = c1.preclean_swept_blocks - c0.preclean_swept_blocks;
+    assert!(
+        wasted <= s0.dirty_blocks / 20,
+        "the rewrite wrote back or copied {wasted} of the {} dirty blocks it superseded (pre-cleaner left {swept})",
+        s0.dirty_blocks
+    );
+    assert!(swept > 0, "the pre-cleaner never left a window to the writer");
+    for b in (0..half).step_by(7) {
+        assert_eq!(read_version(&r.v, b).unwrap(), Some(2), "block {b}");
+    }
+    // A power cut now: the rewrite was flushed, so every block is its new version.
+    let (cache, backing) = (durable_copy(&r.cache), durable_copy(&r.backing));
+    let v = Rig::open(&r.clock, &cache, &backing);
+    for b in (0..half).step_by(5) {
+        assert_eq!(read_version(&v, b).unwrap(), Some(2), "block {b} after the power cut");
+    }
+}
+
+#[test]
+fn a_writer_that_stops_leaves_the_head_to_the_pre_cleaner_again() {
+    let mut r = Rig::new();
+    let half = r.dirty_head_then_cache_filling_read();
+    // The rewrite stops a tenth of the way through: a long enough stream, then nothing.
+    r.write((0..half / 10).step_by(REQUEST as usize), 2);
+    let s0 = r.v.status();
+    r.idle(20);
+    let s1 = r.v.status();
+    assert_eq!(s1.counters.destaged_blocks, s0.counters.destaged_blocks, "the stream was still active");
+    r.idle(200);
+    let s2 = r.v.status();
+    assert!(
+        s2.counters.destaged_blocks > s1.counters.destaged_blocks,
+        "the head stayed dirty after the writer stopped: {} dirty",
+        s2.dirty_blocks
+    );
+}
+
+#[test]
+fn a_sequential_writer_of_other_data_gets_the_head_written_back_ahead_of_it() {
+    let mut r = Rig::new();
+    r.dirty_head_then_cache_filling_read();
+    let s0 = r.v.status();
+    // New data, as much as the rewrite above: it supersedes nothing at the head.
+    let other = BACKING_BLOCKS / 2;
+    r.write((other..other + CACHE_BLOCKS * 3 / 8).step_by(REQUEST as usize), 2);
+    let s1 = r.v.status();
+    assert_eq!(s1.counters.preclean_swept_blocks, s0.counters.preclean_swept_blocks, "nothing at the head was swept");
+    let written_back = s1.counters.destaged_blocks - s0.counters.destaged_blocks;
+    assert!(
+        written_back >= s0.dirty_blocks * 9 / 10,
+        "{written_back} of {} dirty blocks written back",
+        s0.dirty_blocks
+    );
+    for b in (other..other + CACHE_BLOCKS * 3 / 8).step_by(7) {
+        assert_eq!(read_version(&r.v, b).unwrap(), Some(2), "block {b}");
+    }
+}
