@@ -111,7 +111,7 @@ impl Volume {
         // would make the log wrap go to the ring, as in the model. Else a scan right after
         // open filled the log's last records, and its first reclaim met the hot set that
         // went in first, before its blocks had read counts: `adversarial_adaptive.rs`. On a
-        // large log, a 64th of it is left free besides: `FILL_LEAVES_FREE_DIVISOR`.)
+        // large log, a 16th of it is left free besides: `FILL_LEAVES_FREE_DIVISOR`.)
         if !a.wrapped && st.tail + self.fill_leaves_free() <= st.head + self.layout.log_blocks {
             return Route::LogFilling;
         }
@@ -124,7 +124,7 @@ impl Volume {
         Route::Log
     }
 
-    /// The free room at the tail that read misses filling the log leave: a 64th of the log
+    /// The free room at the tail that read misses filling the log leave: a 16th of the log
     /// (`FILL_LEAVES_FREE_DIVISOR`), or the staged record, one more and reclaim's reserve
     /// where that is more.
     pub(super) fn fill_leaves_free(&self) -> u64 {

@@ -700,7 +700,10 @@ impl Volume {
                 destaging: false,
                 around: write_around::Around::default(),
                 streams: streams::Streams::default(),
-                write_streams: streams::Streams::default(),
+                write_streams: streams::Streams::for_writes(
+                    WRITE_STREAM_REORDER_REQUESTS,
+                    WRITE_STREAM_ACTIVE_MS * 1_000_000,
+                ),
                 // (Half a log of evictions per generation, 2 bytes of RAM per cache block: the
                 // queue remembers the last half to whole log's worth, about the size of
                 // S3-FIFO's. A model of the log missed less with that than with a whole log

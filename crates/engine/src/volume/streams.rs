@@ -11,8 +11,9 @@
 //!
 //! Writes have a table too: a sequential writer sweeping through data that sits dirty at the
 //! log head in the order it was first written (a backup restored twice, a file rewritten in
-//! place) supersedes each block just before the head reaches it; the pre-cleaner leaves such
-//! data alone (`sweeping`) instead of writing back what is about to be dead.
+//! place; nbdcopy's threads each write a region of their own, so several at once) supersedes
+//! each block just before the head reaches it; the pre-cleaner leaves such data alone
+//! (`sweepers`) instead of writing back what is about to be dead.
 
 /// How many streams are followed at once.
 const STREAMS: usize = 16;
@@ -30,15 +31,33 @@ struct Stream {
     used: u64,
     /// ...and the clock then.
     at_ns: u64,
+    /// `Streams::blocks` when it began: its share of all blocks noted since is its pace
+    /// among the writers.
+    began_at_block: u64,
 }
 
 #[derive(Debug, Default)]
 pub(super) struct Streams {
     table: [Stream; STREAMS],
     reads: u64,
+    /// Blocks noted, in all requests (streams' or not).
+    blocks: u64,
+    /// How far out of order a stream's requests may arrive, in request lengths (0 counts as
+    /// 1: a swapped neighbour). The write table allows more (`WRITE_STREAM_REORDER_REQUESTS`).
+    reorder: u64,
+    /// A stream continued after this long idle starts its count again (0: never). The write
+    /// table's: a writer that starts where another stopped long ago (nbdcopy's second thread
+    /// where its first thread ended on the last copy) is a new stream, with a pace of its own.
+    restart_ns: u64,
 }
 
 impl Streams {
+    /// A table whose streams' requests may arrive up to `reorder` request lengths out of
+    /// order, and whose streams start again after `restart_ns` idle.
+    pub(super) fn for_writes(reorder: u64, restart_ns: u64) -> Streams {
+        Streams { reorder, restart_ns, ..Streams::default() }
+    }
+
     /// Notes a read of blocks `first..first + n`; returns how many blocks its stream had
     /// advanced through before it (0 when it starts a new one, and for an empty read, which
     /// is not noted). A stream advances by the blocks a read takes it past where it stood.
@@ -47,11 +66,18 @@ impl Streams {
             return 0;
         }
         self.reads += 1;
+        self.blocks += n;
         let now = self.reads;
-        // (Behind by up to two reads: the one a swapped neighbour pushed `next` past, and its own.)
-        let near = |s: &&mut Stream| s.blocks > 0 && first + 2 * s.last >= s.next && first <= s.next + s.last;
+        // (Behind by up to two reads: the one a swapped neighbour pushed `next` past, and its
+        // own; times `reorder`.)
+        let k = self.reorder.max(1);
+        let near = |s: &&mut Stream| s.blocks > 0 && first + 2 * k * s.last >= s.next && first <= s.next + k * s.last;
         // (The longest stream near, if several are: a re-read of a scan's tail continues it.)
         if let Some(s) = self.table.iter_mut().filter(near).max_by_key(|s| s.blocks) {
+            if self.restart_ns > 0 && now_ns.saturating_sub(s.at_ns) > self.restart_ns {
+                s.blocks = 0;
+                s.began_at_block = self.blocks - n;
+            }
             let before = s.blocks;
             // Progress through the volume only: the blocks past where the stream stood, or a
             // whole read that fills in behind it (a neighbour that arrived swapped). A read of
@@ -72,17 +98,37 @@ impl Streams {
             return before;
         }
         let oldest = self.table.iter_mut().min_by_key(|s| s.used).expect("a non-empty table");
-        *oldest = Stream { next: first + n, blocks: n, last: n, used: now, at_ns: now_ns };
+        *oldest =
+            Stream { next: first + n, blocks: n, last: n, used: now, at_ns: now_ns, began_at_block: self.blocks - n };
         0
     }
 
-    /// Whether a stream continued since `since_ns`, at least `min_blocks` long, stands at or
-    /// before block `lo` and will pass `hi` within `reach` more blocks: its next requests
-    /// supersede the blocks `lo..=hi` (those of them still to be written).
-    pub(super) fn sweeping(&self, lo: u64, hi: u64, reach: u64, since_ns: u64, min_blocks: u64) -> bool {
+    /// The streams continued since `since_ns` and at least `min_blocks` long: where each
+    /// writes next, and its share of all the blocks noted since it began (its pace among the
+    /// writers: of the log room the writers fill next, about that share is its blocks).
+    pub(super) fn sweepers(&self, since_ns: u64, min_blocks: u64) -> Vec<Sweeper> {
         self.table
             .iter()
-            .any(|s| s.blocks >= min_blocks && s.at_ns >= since_ns && s.next <= lo && hi < s.next.saturating_add(reach))
+            .filter(|s| s.blocks > 0 && s.blocks >= min_blocks && s.at_ns >= since_ns)
+            .map(|s| Sweeper {
+                next: s.next,
+                share: s.blocks as f64 / (self.blocks - s.began_at_block).max(s.blocks) as f64,
+            })
+            .collect()
+    }
+}
+
+/// An active sequential write stream, as the pre-cleaner sees it (`Streams::sweepers`).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Sweeper {
+    pub next: u64,
+    pub share: f64,
+}
+
+impl Sweeper {
+    /// Whether this stream writes `block` within the next `room` blocks the writers write.
+    pub fn reaches(&self, block: u64, room: u64) -> bool {
+        block >= self.next && block - self.next < (room as f64 * self.share) as u64
     }
 }
 
@@ -98,19 +144,32 @@ mod tests {
     }
 
     #[test]
-    fn a_sweeping_stream_is_one_recent_long_enough_and_short_of_the_blocks() {
+    fn sweepers_are_streams_continued_lately_long_enough_with_their_share_of_the_writes() {
         let mut s = Streams::default();
         for k in 0..8 {
             s.note(1000 + 64 * k, 64, 10 + k); // a writer through 1000..1512, last at t=17
         }
         s.note(50, 1, 20); // and a random write
-        assert!(s.sweeping(1512, 1767, 256, 17, 512), "the blocks right ahead of it");
-        assert!(s.sweeping(1600, 1700, 256, 0, 0));
-        assert!(!s.sweeping(1512, 1768, 256, 17, 512), "past its reach");
-        assert!(!s.sweeping(1400, 1600, 256, 17, 512), "blocks it has passed already");
-        assert!(!s.sweeping(1512, 1600, 256, 18, 512), "not continued since");
-        assert!(!s.sweeping(1512, 1600, 256, 17, 513), "too short");
-        assert!(!s.sweeping(51, 52, 256, 0, 2), "a random write is no stream");
+        let w = s.sweepers(17, 512);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert_eq!(w[0].next, 1512);
+        assert!((w[0].share - 512.0 / 513.0).abs() < 1e-9, "{w:?}");
+        assert!(w[0].reaches(1512, 256) && w[0].reaches(1766, 256), "the blocks right ahead of it");
+        assert!(!w[0].reaches(1767, 256), "past its reach (its share of 256: 255)");
+        assert!(!w[0].reaches(1511, 256), "a block it has passed already");
+        assert!(s.sweepers(18, 512).is_empty(), "not continued since");
+        assert!(s.sweepers(17, 513).is_empty(), "too short");
+        assert_eq!(s.sweepers(0, 1).len(), 2, "a random write is a stream of one block");
+        // A second writer as fast as the first, interleaved with it: each has half the pace.
+        let mut s = Streams::default();
+        for k in 0..8 {
+            s.note(1000 + 64 * k, 64, k);
+            s.note(90_000 + 64 * k, 64, k);
+        }
+        let w = s.sweepers(0, 512);
+        assert_eq!(w.len(), 2);
+        assert!(w.iter().all(|w| (w.share - 0.5).abs() < 0.05), "{w:?}");
+        assert!(w[0].reaches(1512 + 127, 256) && !w[0].reaches(1512 + 128, 256));
     }
 
     #[test]

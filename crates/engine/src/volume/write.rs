@@ -14,6 +14,7 @@ impl Volume {
         let first = offset / self.bs as u64;
         let chunks: Vec<&[u8]> = data.chunks(self.bs).collect();
         let mut crcs: Vec<u32> = Vec::with_capacity(chunks.len());
+        let mut noted = false;
         // Stages as many blocks as staging takes in one hold of the state lock: a request's
         // blocks then lie in consecutive log slots (a later read of them is one I/O per
         // record), however many writers stage at once. Their checksums are computed first,
@@ -26,8 +27,10 @@ impl Volume {
             let mut st = self.lock();
             st.check_poisoned()?;
             let now = self.clock.now_ns();
-            if *i == 0 {
+            if !noted {
+                // (Once per request: a first hold that finds staging full stages nothing.)
                 st.write_streams.note(first, chunks.len() as u64, now);
+                noted = true;
             }
             while *i < ahead {
                 let block = first + *i as u64;

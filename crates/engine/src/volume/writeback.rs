@@ -57,9 +57,14 @@ impl Volume {
             let (from, until) = (st.precleaned_until.max(st.head), window_end.min(st.written_tail));
             let stretch = if dense_only { u64::from(self.layout.segment_blocks) } else { 1 };
             let free = st.head + self.layout.log_blocks - st.tail;
-            let streams_since = self.clock.now_ns().saturating_sub(WRITE_STREAM_ACTIVE_MS * 1_000_000);
+            let since = self.clock.now_ns().saturating_sub(WRITE_STREAM_ACTIVE_MS * 1_000_000);
+            let sweepers = if dense_only {
+                st.write_streams.sweepers(since, u64::from(self.layout.segment_blocks))
+            } else {
+                vec![]
+            };
             let mut batch = Vec::new();
-            // The first window left to a sequential writer (below): looked at again next round.
+            // The window left to sequential writers (below): looked at again next round.
             let mut swept_from = None;
             let mut pos = from;
             while pos < until && batch.len() < max_blocks {
@@ -73,14 +78,19 @@ impl Volume {
                 let live: Vec<Picked> = self.live_between(&st, pos, end).collect();
                 let dirty: Vec<Picked> = live.iter().filter(|p| p.entry.dirty).copied().collect();
                 let dense = dirty.len() > self.copy_forward_max();
-                if dense_only && dense && self.swept_by_a_writer(&st, &dirty, pos - st.head + free, streams_since) {
-                    // A sequential writer is rewriting these blocks in the order they sit here,
-                    // far enough ahead that it supersedes them all before reclaim takes this
-                    // window: written back now, they would be written for nothing.
-                    swept_from.get_or_insert(pos);
+                if dense && self.swept_by_writers(&sweepers, &dirty, pos - st.head + free) {
+                    // Sequential writers are rewriting these blocks in the order they sit here,
+                    // far enough ahead that they supersede them before reclaim takes this
+                    // window: written back now, they would be written for nothing. And nothing
+                    // after it is written back this round: data that sits after data being
+                    // rewritten in order is likely next (nbdcopy's threads rewrite a backup's
+                    // first regions, then its next: written back meanwhile, the next regions
+                    // cost 76-300 MiB of a 512 MiB rewrite for nothing). Once the writers stop
+                    // for `WRITE_STREAM_ACTIVE_MS`, the rounds write it back as before.
+                    swept_from = Some(pos);
                     swept_blocks += dirty.len() as u64;
                     pos = end;
-                    continue;
+                    break;
                 }
                 if dense_only && dense {
                     // Reclaim's own choice for this window: copied forward up to the cut
@@ -120,21 +130,23 @@ impl Volume {
         Ok(written)
     }
 
-    /// Whether the dirty blocks of a window are about to be superseded by a sequential write
-    /// stream (one continued lately, at least a segment long) that stands at or before the
-    /// first of them and passes the last before reclaim takes the window. `ahead` is the log
+    /// Whether sequential write streams (`sweepers`: continued lately, at least a segment
+    /// long) are about to supersede the dirty blocks of a window: all but a copy-forward's
+    /// worth of them lie ahead of a stream, within what that stream writes before reclaim
+    /// takes the window (what is left, reclaim copies forward cheaply). `ahead` is the log
     /// room the writers fill until then: from the head to the window, and the free room, less
     /// what a writer leaves when it reclaims (a record and reclaim's reserve) and the reclaim
-    /// records written meanwhile (two blocks a segment the head passes). (Record headers do
-    /// not count: the data being superseded was written with as many.)
-    fn swept_by_a_writer(&self, st: &State, dirty: &[Picked], ahead: u64, since_ns: u64) -> bool {
-        let (Some(lo), Some(hi)) = (dirty.iter().map(|p| p.block).min(), dirty.iter().map(|p| p.block).max()) else {
+    /// records written meanwhile (two blocks a segment the head passes). Each stream writes
+    /// its share of that room. (Record headers do not count: the data being superseded was
+    /// written with as many.)
+    fn swept_by_writers(&self, sweepers: &[streams::Sweeper], dirty: &[Picked], ahead: u64) -> bool {
+        if sweepers.is_empty() {
             return false;
-        };
+        }
         let seg = u64::from(self.layout.segment_blocks);
-        let short = 2 * ahead / seg + 1 + self.staging_limit as u64 + self.reclaim_reserve();
-        let reach = ahead.saturating_sub(short);
-        st.write_streams.sweeping(lo, hi, reach, since_ns, u64::from(self.layout.segment_blocks))
+        let room = ahead.saturating_sub(2 * ahead / seg + 1 + self.staging_limit as u64 + self.reclaim_reserve());
+        let left = dirty.iter().filter(|p| !sweepers.iter().any(|w| w.reaches(p.block, room))).count();
+        left <= self.copy_forward_max()
     }
 
     /// How far ahead of the log head the pre-cleaner keeps the log clean: as many blocks as
