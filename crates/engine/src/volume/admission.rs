@@ -9,6 +9,8 @@
 //!    small queue is full). At 25 % of a trace's footprint, where filling takes a large share
 //!    of the trace, this alone took the model from 10 % above the best published policy to
 //!    2-5 %.
+//!    The fill stops while a 16th of the log is free (`fill_leaves_free`): it never wraps the
+//!    log onto dirty data, which a rewrite in order then supersedes (writeback.rs).
 //! 2. **A frequency gate on ghosts, when it pays.** A ghost's miss enters the log only if the
 //!    sketch (`frequency.rs`) counts it read more often lately than the first block from the
 //!    log's head that reclaim would evict (TinyLFU's admission test); refused, it enters the
