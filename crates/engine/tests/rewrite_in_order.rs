@@ -6,6 +6,9 @@
 //!   runs that far ahead of the head; the pre-cleaner leaves the windows it is about to
 //!   supersede (`Streams::sweeping`), and reclaim finds them superseded. Almost nothing is
 //!   written back or copied forward, and a power cut after the FLUSH keeps every block;
+//! - `a_second_pass_of_the_read_keeps_the_room`: the same read again misses the blocks the
+//!   probation ring let go (ghosts); a scan's ghosts are no sign of reuse, so they go to the
+//!   ring again instead of wrapping the log onto the dirty data;
 //! - `a_writer_that_stops_leaves_the_head_to_the_pre_cleaner_again`: a stream that stops is
 //!   no reason to leave dirty data at the head: once it has been idle for
 //!   `WRITE_STREAM_ACTIVE_MS`, the pre-cleaner writes back what it left;
@@ -15,7 +18,7 @@
 use std::sync::Arc;
 use tiercache_device::{BlockDevice, Clock, SimClock, SimDevice, SimLatency};
 use tiercache_engine::constants::WRITE_STREAM_ACTIVE_MS;
-use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
+use tiercache_engine::{create, CreateOptions, Eviction, Volume, VolumeOptions};
 
 mod common;
 use common::*;
@@ -43,19 +46,23 @@ impl Rig {
     /// of 128 blocks, over a backing device twice its size; sequential reads admitted
     /// however long (as nbdcopy's table runs it).
     fn new() -> Rig {
+        Rig::with(Eviction::Adaptive)
+    }
+
+    fn with(eviction: Eviction) -> Rig {
         let clock = SimClock::new();
         let cache = Arc::new(SimDevice::new(CACHE_BLOCKS * BS as u64, BS as u32).with_clock(clock.clone(), LAT));
         let backing =
             Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_clock(clock.clone(), LAT));
         create(&*cache, &*backing, &CreateOptions { segment_blocks: SEG, ..CreateOptions::default() }).unwrap();
-        let v = Self::open(&clock, &cache, &backing);
+        let v = Self::open(&clock, &cache, &backing, eviction);
         Rig { clock, cache, backing, v, last_tick: 0, requests: 0 }
     }
 
-    fn open(clock: &SimClock, cache: &Arc<SimDevice>, backing: &Arc<SimDevice>) -> Volume {
+    fn open(clock: &SimClock, cache: &Arc<SimDevice>, backing: &Arc<SimDevice>, eviction: Eviction) -> Volume {
         let c: Arc<dyn BlockDevice> = cache.clone();
         let b: Arc<dyn BlockDevice> = backing.clone();
-        let options = VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() };
+        let options = VolumeOptions { sequential_bypass_bytes: 0, eviction, ..VolumeOptions::default() };
         Volume::open(c, b, Arc::new(clock.clone()), options).expect("open").0
     }
 
@@ -134,9 +141,40 @@ fn a_rewrite_in_write_order_supersedes_the_dirty_head_instead_of_writing_it_back
     }
     // A power cut now: the rewrite was flushed, so every block is its new version.
     let (cache, backing) = (durable_copy(&r.cache), durable_copy(&r.backing));
-    let v = Rig::open(&r.clock, &cache, &backing);
+    let v = Rig::open(&r.clock, &cache, &backing, Eviction::Adaptive);
     for b in (0..half).step_by(5) {
         assert_eq!(read_version(&v, b).unwrap(), Some(2), "block {b} after the power cut");
+    }
+}
+
+#[test]
+fn a_second_pass_of_the_read_keeps_the_room() {
+    // (Both policies with a ring; under plain S3-FIFO every ghost's miss enters the log,
+    // under the adaptive one only those the frequency gate lets through.)
+    for eviction in [Eviction::Adaptive, Eviction::S3fifo] {
+        let mut r = Rig::with(eviction);
+        r.dirty_head_then_cache_filling_read();
+        let s0 = r.v.status();
+        // The end of the read again (what the probation ring let go last, so ghosts still):
+        // a scan's ghosts are no sign of reuse, so they go to the ring again, and the log
+        // keeps its room.
+        let mut buf = vec![0u8; (REQUEST * BS as u64) as usize];
+        for b in (BACKING_BLOCKS * 7 / 8..BACKING_BLOCKS).step_by(REQUEST as usize) {
+            r.v.read(b * BS as u64, &mut buf).unwrap();
+            r.tick();
+        }
+        let s1 = r.v.status();
+        assert_eq!(s1.log_head, 0, "{eviction:?}: the second pass made the log wrap");
+        // (The pass's first 2 MiB, 512 blocks, are no scan yet: `SEQUENTIAL_REREAD_BYTES`.)
+        assert!(
+            s1.log_tail <= s0.log_tail + 512 + 2 * 127,
+            "{eviction:?}: the second pass took {} blocks of the room",
+            s1.log_tail - s0.log_tail
+        );
+        assert!(
+            s1.counters.probation_admitted_blocks > s0.counters.probation_admitted_blocks,
+            "the misses went nowhere"
+        );
     }
 }
 

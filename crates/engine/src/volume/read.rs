@@ -10,7 +10,12 @@ use admission::Route;
 /// Whether a read's misses are admitted, and if not, why (counted by reason).
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub(super) enum Admit {
-    Yes,
+    /// As the policy decides. `scan`: the read continues a sequential stream past
+    /// `SEQUENTIAL_REREAD_BYTES` (admitted only with the sequential bypass off or higher):
+    /// its misses of ghosts are no sign of reuse either (`route`).
+    Yes {
+        scan: bool,
+    },
     /// Into the log whatever the policy (preload: the blocks are hot by request, and a copy
     /// in the probation ring would only be dropped at its next lap).
     Log,
@@ -126,9 +131,9 @@ impl Volume {
         } else if bypass > 0 && streamed >= bypass {
             Admit::No(Bypass::Sequential)
         } else {
-            Admit::Yes
+            Admit::Yes { scan: !counts_as_reads }
         };
-        st.admission.note_reads(first..first + nblocks as u64, counts_as_reads, matches!(admit, Admit::Yes));
+        st.admission.note_reads(first..first + nblocks as u64, counts_as_reads, matches!(admit, Admit::Yes { .. }));
         Ok((plan, admit))
     }
 
@@ -323,11 +328,11 @@ impl Volume {
                         // A block evicted lately enters the log; any other, the probation
                         // ring, where it must be read again to earn the log (`admission.rs`).
                         let route = match admit {
-                            Admit::Yes if st.probation.enabled() => self.route(&st, block),
+                            Admit::Yes { scan } if st.probation.enabled() => self.route(&st, block, scan),
                             _ => Route::Log,
                         };
                         match admit {
-                            Admit::Yes if matches!(route, Route::Ring | Route::RingRefused) => {
+                            Admit::Yes { .. } if matches!(route, Route::Ring | Route::RingRefused) => {
                                 if st.probation.gather(block, &buf[i * bs..(i + 1) * bs]) {
                                     st.counters.admitted_blocks += 1;
                                     st.counters.probation_admitted_blocks += 1;
@@ -336,7 +341,7 @@ impl Volume {
                                     st.counters.probation_busy_blocks += 1;
                                 }
                             }
-                            Admit::Yes | Admit::Log => {
+                            Admit::Yes { .. } | Admit::Log => {
                                 let data = &buf[i * bs..(i + 1) * bs];
                                 if st.staging.put(block, EntryKind::DataClean, data, checksum(data), now) {
                                     st.counters.admitted_blocks += 1;

@@ -121,6 +121,16 @@ impl Volume {
                 }
                 pos = end;
             }
+            tracing::debug!(
+                from,
+                until = swept_from.unwrap_or(pos),
+                head = st.head,
+                free,
+                dirty = batch.len(),
+                swept = swept_blocks,
+                writers = sweepers.len(),
+                "pre-clean round"
+            );
             (batch, swept_from.unwrap_or(pos), swept_blocks)
         };
         let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
