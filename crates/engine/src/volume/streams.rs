@@ -34,6 +34,10 @@ struct Stream {
     /// `Streams::blocks` when it began: its share of all blocks noted since is its pace
     /// among the writers.
     began_at_block: u64,
+    /// `Streams::blocks` when its `next` last moved forward: a stream whose requests all land
+    /// behind `next` (a writer wrapping round a small region, or going backwards) writes
+    /// nothing ahead of it.
+    advanced_at_block: u64,
 }
 
 #[derive(Debug, Default)]
@@ -79,6 +83,9 @@ impl Streams {
                 s.began_at_block = self.blocks - n;
             }
             let before = s.blocks;
+            if first + n > s.next {
+                s.advanced_at_block = self.blocks;
+            }
             // Progress through the volume only: the blocks past where the stream stood, or a
             // whole read that fills in behind it (a neighbour that arrived swapped). A read of
             // what the last request read again (a hot block or range read over and over, a
@@ -98,8 +105,15 @@ impl Streams {
             return before;
         }
         let oldest = self.table.iter_mut().min_by_key(|s| s.used).expect("a non-empty table");
-        *oldest =
-            Stream { next: first + n, blocks: n, last: n, used: now, at_ns: now_ns, began_at_block: self.blocks - n };
+        *oldest = Stream {
+            next: first + n,
+            blocks: n,
+            last: n,
+            used: now,
+            at_ns: now_ns,
+            began_at_block: self.blocks - n,
+            advanced_at_block: self.blocks,
+        };
         0
     }
 
@@ -110,6 +124,9 @@ impl Streams {
         self.table
             .iter()
             .filter(|s| s.blocks > 0 && s.blocks >= min_blocks && s.at_ns >= since_ns)
+            // (Moved forward within its reorder distance of all the writes since: a stream
+            // that only fills in behind `next` sweeps nothing ahead of it.)
+            .filter(|s| self.blocks - s.advanced_at_block <= self.reorder.max(1) * s.last)
             .map(|s| Sweeper {
                 next: s.next,
                 share: s.blocks as f64 / (self.blocks - s.began_at_block).max(s.blocks) as f64,
@@ -170,6 +187,22 @@ mod tests {
         assert_eq!(w.len(), 2);
         assert!(w.iter().all(|w| (w.share - 0.5).abs() < 0.05), "{w:?}");
         assert!(w[0].reaches(1512 + 127, 256) && !w[0].reaches(1512 + 128, 256));
+        // A writer going round a small region, and one going backwards: after their first
+        // requests, every request lands behind `next`, which stays put. Once more requests
+        // than the reordering allows (64) have gone by without `next` moving, neither is a
+        // sweeper of the blocks after `next` (it never writes them).
+        let mut s = Streams::for_writes(64, 0);
+        for lap in 0..12 {
+            for k in 0..8 {
+                s.note(1000 + 64 * k, 64, lap * 8 + k);
+            }
+            assert_eq!(s.sweepers(0, 64).is_empty(), lap >= 9, "a circular writer, lap {lap}");
+        }
+        let mut s = Streams::for_writes(64, 0);
+        for k in 0..80 {
+            s.note(10_000 - 64 * k, 64, k);
+        }
+        assert!(s.sweepers(0, 64).is_empty(), "a backward writer: {:?}", s.sweepers(0, 64));
     }
 
     #[test]
