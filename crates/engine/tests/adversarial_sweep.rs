@@ -69,7 +69,7 @@ impl Rig {
             SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_clock(clock.clone(), backing_lat),
         );
         create(&*cache, &*backing, &CreateOptions { segment_blocks: SEG, ..create_options }).unwrap();
-        let v = Self::open(&clock, &cache, &backing, options.clone());
+        let v = Self::open(&clock, &cache, &backing, options);
         Rig { clock, cache, backing, v, options, last_tick: 0, requests: 0, waits: Waits::default() }
     }
 
@@ -228,7 +228,7 @@ fn read_admissions_into_the_log_do_not_count_as_the_rewriters_room() {
         VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() },
     );
     let log = r.log_blocks();
-    let data = log * 1 / 4;
+    let data = log / 4;
     r.write((0..data).step_by(REQUEST as usize), 1);
     // Reads of other data fill the log (clean), up to 15/16, slowly (the pre-cleaner's
     // horizon stays short of the free room: it leaves the dirty head alone meanwhile).
@@ -359,7 +359,7 @@ fn power_cuts_during_a_sweeping_rewrite_keep_every_flushed_block() {
             let clock = SimClock::new();
             let cache = Arc::new(durable_copy(&r.cache).as_ref().clone_on(&clock));
             let backing = Arc::new(durable_copy(&r.backing).as_ref().clone_on(&clock));
-            let v = Rig::open(&clock, &cache, &backing, r.options.clone());
+            let v = Rig::open(&clock, &cache, &backing, r.options);
             for x in (0..half).step_by(7) {
                 let got = read_version(&v, x).unwrap();
                 let (lo, hi) = (flushed[x as usize], written[x as usize]);
@@ -466,7 +466,7 @@ fn the_fill_room_on_small_logs_other_policies_and_after_a_power_cut_mid_fill() {
         let open = |cache: &Arc<SimDevice>, backing: &Arc<SimDevice>| {
             let c: Arc<dyn BlockDevice> = cache.clone();
             let b: Arc<dyn BlockDevice> = backing.clone();
-            Volume::open(c, b, Arc::new(SimClock::new()), options.clone()).expect("open").0
+            Volume::open(c, b, Arc::new(SimClock::new()), options).expect("open").0
         };
         let v = open(&cache, &backing);
         let log = v.status().log_bytes / BS as u64;
