@@ -11,122 +11,11 @@
 use std::sync::Arc;
 use tiercache_device::{BlockDevice, Clock, SimClock, SimDevice, SimLatency};
 use tiercache_engine::constants::WRITE_STREAM_ACTIVE_MS;
-use tiercache_engine::{create, Counters, CreateOptions, Eviction, Volume, VolumeOptions};
+use tiercache_engine::{Counters, CreateOptions, Eviction, Volume, VolumeOptions};
 
 mod common;
+use common::rewrite_rig::*;
 use common::*;
-
-const SEG: u32 = 128;
-const CACHE_BLOCKS: u64 = 65536;
-const BACKING_BLOCKS: u64 = 131072;
-/// A request's blocks (256 KiB, nbdcopy's).
-const REQUEST: u64 = 64;
-const LAT: SimLatency = SimLatency { read_ns: 20_000, write_ns: 20_000, flush_ns: 100_000 };
-/// The background period's order (5 ms), in virtual time.
-const TICK_NS: u64 = 5_000_000;
-
-struct Rig {
-    clock: SimClock,
-    cache: Arc<SimDevice>,
-    backing: Arc<SimDevice>,
-    v: Volume,
-    options: VolumeOptions,
-    last_tick: u64,
-    requests: u64,
-    waits: Waits,
-}
-
-/// The virtual time the test's writes took, one request each.
-#[derive(Debug, Default, Clone, Copy)]
-struct Waits {
-    requests: u64,
-    total_ns: u64,
-    max_ns: u64,
-    /// Requests that took more than 5 ms (a backing device's I/O, on the writer's path).
-    slow: u64,
-}
-
-impl Rig {
-    /// As `tests/rewrite_in_order.rs`'s rig, with the create and volume options given.
-    fn with(create_options: CreateOptions, options: VolumeOptions) -> Rig {
-        Self::sized(CACHE_BLOCKS, create_options, options)
-    }
-
-    fn sized(cache_blocks: u64, create_options: CreateOptions, options: VolumeOptions) -> Rig {
-        Self::sized_on(cache_blocks, LAT, create_options, options)
-    }
-
-    /// `sized`, with the backing device's latencies given.
-    fn sized_on(
-        cache_blocks: u64,
-        backing_lat: SimLatency,
-        create_options: CreateOptions,
-        options: VolumeOptions,
-    ) -> Rig {
-        let clock = SimClock::new();
-        let cache = Arc::new(SimDevice::new(cache_blocks * BS as u64, BS as u32).with_clock(clock.clone(), LAT));
-        let backing = Arc::new(
-            SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_clock(clock.clone(), backing_lat),
-        );
-        create(&*cache, &*backing, &CreateOptions { segment_blocks: SEG, ..create_options }).unwrap();
-        let v = Self::open(&clock, &cache, &backing, options);
-        Rig { clock, cache, backing, v, options, last_tick: 0, requests: 0, waits: Waits::default() }
-    }
-
-    fn new() -> Rig {
-        Self::with(CreateOptions::default(), VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() })
-    }
-
-    fn open(clock: &SimClock, cache: &Arc<SimDevice>, backing: &Arc<SimDevice>, options: VolumeOptions) -> Volume {
-        let c: Arc<dyn BlockDevice> = cache.clone();
-        let b: Arc<dyn BlockDevice> = backing.clone();
-        Volume::open(c, b, Arc::new(clock.clone()), options).expect("open").0
-    }
-
-    fn log_blocks(&self) -> u64 {
-        self.v.status().log_bytes / BS as u64
-    }
-
-    fn tick(&mut self) {
-        self.requests += 1;
-        if self.clock.now_ns() >= self.last_tick + TICK_NS || self.requests.is_multiple_of(8) {
-            self.last_tick = self.clock.now_ns();
-            self.v.background_tick().unwrap();
-        }
-    }
-
-    fn idle(&mut self, ms: u64) {
-        for _ in 0..ms * 1_000_000 / TICK_NS {
-            self.clock.advance_ns(TICK_NS);
-            self.tick();
-        }
-    }
-
-    /// One request of `REQUEST` blocks at `b`, version `version`, and a tick.
-    fn write1(&mut self, b: u64, version: u64) {
-        let t0 = self.clock.now_ns();
-        self.v.write(b * BS as u64, &stamps(b, REQUEST, version)).unwrap();
-        let ns = self.clock.now_ns() - t0;
-        self.waits.requests += 1;
-        self.waits.total_ns += ns;
-        self.waits.max_ns = self.waits.max_ns.max(ns);
-        self.waits.slow += u64::from(ns > 5_000_000);
-        self.tick();
-    }
-
-    fn write(&mut self, requests: impl Iterator<Item = u64>, version: u64) {
-        for b in requests {
-            self.write1(b, version);
-        }
-        self.v.flush().unwrap();
-    }
-
-    fn read1(&mut self, b: u64) {
-        let mut buf = vec![0u8; (REQUEST * BS as u64) as usize];
-        self.v.read(b * BS as u64, &mut buf).unwrap();
-        self.tick();
-    }
-}
 
 fn delta(a: &Counters, b: &Counters) -> String {
     format!(
@@ -322,13 +211,8 @@ fn a_backward_writer_below_the_dirty_head_is_no_sweeper() {
 fn power_cuts_during_a_sweeping_rewrite_keep_every_flushed_block() {
     let mut r = Rig::new();
     let log = r.log_blocks();
-    let half = CACHE_BLOCKS * 3 / 8;
-    r.write((0..half).step_by(REQUEST as usize), 1);
+    let half = r.dirty_head_then_cache_filling_read();
     let mut buf = vec![0u8; (REQUEST * BS as u64) as usize];
-    for b in (0..BACKING_BLOCKS).step_by(REQUEST as usize) {
-        r.v.read(b * BS as u64, &mut buf).unwrap();
-        r.tick();
-    }
     let s0 = r.v.status();
     assert!(log - s0.log_tail >= log / 16 - 2 * 127 && s0.dirty_blocks > half / 4, "{s0:?}");
     r.idle(50);

@@ -15,100 +15,17 @@
 //! - `a_sequential_writer_of_other_data_gets_the_head_written_back_ahead_of_it`: a writer of
 //!   new data supersedes nothing at the head; the pre-cleaner writes it back as before.
 
-use std::sync::Arc;
-use tiercache_device::{BlockDevice, Clock, SimClock, SimDevice, SimLatency};
 use tiercache_engine::constants::WRITE_STREAM_ACTIVE_MS;
-use tiercache_engine::{create, CreateOptions, Eviction, Volume, VolumeOptions};
+use tiercache_engine::{CreateOptions, Eviction, VolumeOptions};
 
 mod common;
+use common::rewrite_rig::*;
 use common::*;
 
-const SEG: u32 = 128;
-const CACHE_BLOCKS: u64 = 65536;
-const BACKING_BLOCKS: u64 = 131072;
-/// A request's blocks (256 KiB, nbdcopy's).
-const REQUEST: u64 = 64;
-const LAT: SimLatency = SimLatency { read_ns: 20_000, write_ns: 20_000, flush_ns: 100_000 };
-/// The background period's order (5 ms), in virtual time.
-const TICK_NS: u64 = 5_000_000;
-
-struct Rig {
-    clock: SimClock,
-    cache: Arc<SimDevice>,
-    backing: Arc<SimDevice>,
-    v: Volume,
-    last_tick: u64,
-    requests: u64,
-}
-
-impl Rig {
-    /// A cache with the default probation ring and the default (adaptive) policy, segments
-    /// of 128 blocks, over a backing device twice its size; sequential reads admitted
-    /// however long (as nbdcopy's table runs it).
-    fn new() -> Rig {
-        Rig::with(Eviction::Adaptive)
-    }
-
-    fn with(eviction: Eviction) -> Rig {
-        let clock = SimClock::new();
-        let cache = Arc::new(SimDevice::new(CACHE_BLOCKS * BS as u64, BS as u32).with_clock(clock.clone(), LAT));
-        let backing =
-            Arc::new(SimDevice::from_image(stamps(0, BACKING_BLOCKS, 0), BS as u32).with_clock(clock.clone(), LAT));
-        create(&*cache, &*backing, &CreateOptions { segment_blocks: SEG, ..CreateOptions::default() }).unwrap();
-        let v = Self::open(&clock, &cache, &backing, eviction);
-        Rig { clock, cache, backing, v, last_tick: 0, requests: 0 }
-    }
-
-    fn open(clock: &SimClock, cache: &Arc<SimDevice>, backing: &Arc<SimDevice>, eviction: Eviction) -> Volume {
-        let c: Arc<dyn BlockDevice> = cache.clone();
-        let b: Arc<dyn BlockDevice> = backing.clone();
-        let options = VolumeOptions { sequential_bypass_bytes: 0, eviction, ..VolumeOptions::default() };
-        Volume::open(c, b, Arc::new(clock.clone()), options).expect("open").0
-    }
-
-    /// A background round whenever a period of virtual time has passed, or 8 requests (2 MiB)
-    /// went by: on these devices the requests take little virtual time, and a real writer
-    /// moves about 5 MiB in a period.
-    fn tick(&mut self) {
-        self.requests += 1;
-        if self.clock.now_ns() >= self.last_tick + TICK_NS || self.requests.is_multiple_of(8) {
-            self.last_tick = self.clock.now_ns();
-            self.v.background_tick().unwrap();
-        }
-    }
-
-    /// Idle for `ms` of virtual time, background rounds running.
-    fn idle(&mut self, ms: u64) {
-        for _ in 0..ms * 1_000_000 / TICK_NS {
-            self.clock.advance_ns(TICK_NS);
-            self.tick();
-        }
-    }
-
-    /// Writes `blocks` at `version`, one request at a time, in the order given.
-    fn write(&mut self, requests: impl Iterator<Item = u64>, version: u64) {
-        for b in requests {
-            self.v.write(b * BS as u64, &stamps(b, REQUEST, version)).unwrap();
-            self.tick();
-        }
-        self.v.flush().unwrap();
-    }
-
-    /// Three eighths of the cache written (dirty), then the whole backing device read: the
-    /// reads fill the rest of the log and go to the probation ring once it is full; the
-    /// pre-cleaner writes back the first quarter of the log meanwhile (its horizon). (The
-    /// free room the fill leaves, 3,686 blocks, covers a segment, a record and the reclaim
-    /// records of the rewrite on these 128-block segments.)
-    fn dirty_head_then_cache_filling_read(&mut self) -> u64 {
-        let half = CACHE_BLOCKS * 3 / 8;
-        self.write((0..half).step_by(REQUEST as usize), 1);
-        let mut buf = vec![0u8; (REQUEST * BS as u64) as usize];
-        for b in (0..BACKING_BLOCKS).step_by(REQUEST as usize) {
-            self.v.read(b * BS as u64, &mut buf).unwrap();
-            self.tick();
-        }
-        half
-    }
+/// The default options with the sequential bypass off (reads admitted however long, as
+/// nbdcopy's table runs it) and the eviction policy given.
+fn bypass_off(eviction: Eviction) -> VolumeOptions {
+    VolumeOptions { sequential_bypass_bytes: 0, eviction, ..VolumeOptions::default() }
 }
 
 #[test]
@@ -141,7 +58,7 @@ fn a_rewrite_in_write_order_supersedes_the_dirty_head_instead_of_writing_it_back
     }
     // A power cut now: the rewrite was flushed, so every block is its new version.
     let (cache, backing) = (durable_copy(&r.cache), durable_copy(&r.backing));
-    let v = Rig::open(&r.clock, &cache, &backing, Eviction::Adaptive);
+    let v = Rig::open(&r.clock, &cache, &backing, bypass_off(Eviction::Adaptive));
     for b in (0..half).step_by(5) {
         assert_eq!(read_version(&v, b).unwrap(), Some(2), "block {b} after the power cut");
     }
@@ -152,7 +69,7 @@ fn a_second_pass_of_the_read_keeps_the_room() {
     // (Both policies with a ring; under plain S3-FIFO every ghost's miss enters the log,
     // under the adaptive one only those the frequency gate lets through.)
     for eviction in [Eviction::Adaptive, Eviction::S3fifo] {
-        let mut r = Rig::with(eviction);
+        let mut r = Rig::with(CreateOptions::default(), bypass_off(eviction));
         r.dirty_head_then_cache_filling_read();
         let s0 = r.v.status();
         // The end of the read again (what the probation ring let go last, so ghosts still):
