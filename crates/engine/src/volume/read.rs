@@ -83,7 +83,8 @@ impl Volume {
         let mut plan: Vec<Source> = Vec::with_capacity(nblocks);
         let mut st = self.lock();
         st.counters.read_requests += 1;
-        let streamed = st.streams.note(first, nblocks as u64, self.clock.now_ns()) * bs as u64;
+        // (The read table keeps no time: only write streams go idle, `Streams::for_writes`.)
+        let streamed = st.streams.note(first, nblocks as u64, 0) * bs as u64;
         // (A long sequential stream's hits are not re-reads for the eviction policy.)
         let counts_as_reads = streamed < SEQUENTIAL_REREAD_BYTES;
         for i in 0..nblocks {
