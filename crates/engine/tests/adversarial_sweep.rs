@@ -44,12 +44,7 @@ fn delta(a: &Counters, b: &Counters) -> String {
 /// the backing device. Before the change the pre-cleaner wrote them back from a quarter of
 /// the log ahead (its horizon), off the writer's path.
 fn circular_journal(backing: SimLatency) -> (Counters, Counters, Waits, u64) {
-    let mut r = Rig::sized_on(
-        CACHE_BLOCKS,
-        backing,
-        CreateOptions::default(),
-        VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() },
-    );
+    let mut r = Rig::on_backing(backing);
     let log = r.log_blocks();
     let journal = 4096; // blocks 0..4096
     let data = log * 3 / 16; // blocks 4096..4096 + data, written once, dirty
@@ -159,12 +154,7 @@ fn read_admissions_into_the_log_do_not_count_as_the_rewriters_room() {
 /// It never writes there.
 #[test]
 fn a_backward_writer_below_the_dirty_head_is_no_sweeper() {
-    let mut r = Rig::sized_on(
-        CACHE_BLOCKS,
-        SLOW,
-        CreateOptions::default(),
-        VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() },
-    );
+    let mut r = Rig::on_backing(SLOW);
     let log = r.log_blocks();
     let start = 16384; // dirty data at 16384.., the writer goes down from 16384
     let data = log * 3 / 16;

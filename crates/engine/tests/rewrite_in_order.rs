@@ -16,17 +16,11 @@
 //!   new data supersedes nothing at the head; the pre-cleaner writes it back as before.
 
 use tiercache_engine::constants::WRITE_STREAM_ACTIVE_MS;
-use tiercache_engine::{CreateOptions, Eviction, VolumeOptions};
+use tiercache_engine::{CreateOptions, Eviction};
 
 mod common;
 use common::rewrite_rig::*;
 use common::*;
-
-/// The default options with the sequential bypass off (reads admitted however long, as
-/// nbdcopy's table runs it) and the eviction policy given.
-fn bypass_off(eviction: Eviction) -> VolumeOptions {
-    VolumeOptions { sequential_bypass_bytes: 0, eviction, ..VolumeOptions::default() }
-}
 
 #[test]
 fn a_rewrite_in_write_order_supersedes_the_dirty_head_instead_of_writing_it_back() {

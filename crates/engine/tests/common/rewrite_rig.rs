@@ -5,7 +5,13 @@
 
 use super::*;
 use tiercache_device::{BlockDevice, Clock, SimClock, SimDevice, SimLatency};
-use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
+use tiercache_engine::{create, CreateOptions, Eviction, Volume, VolumeOptions};
+
+/// The default options with the sequential bypass off (reads admitted however long, as
+/// nbdcopy's table runs it) and the eviction policy given.
+pub fn bypass_off(eviction: Eviction) -> VolumeOptions {
+    VolumeOptions { sequential_bypass_bytes: 0, eviction, ..VolumeOptions::default() }
+}
 
 pub const SEG: u32 = 128;
 pub const CACHE_BLOCKS: u64 = 65536;
@@ -65,7 +71,12 @@ impl Rig {
     }
 
     pub fn new() -> Rig {
-        Self::with(CreateOptions::default(), VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() })
+        Self::with(CreateOptions::default(), bypass_off(Eviction::Adaptive))
+    }
+
+    /// `new`, with the backing device's latencies given.
+    pub fn on_backing(backing_lat: SimLatency) -> Rig {
+        Self::sized_on(CACHE_BLOCKS, backing_lat, CreateOptions::default(), bypass_off(Eviction::Adaptive))
     }
 
     pub fn open(clock: &SimClock, cache: &Arc<SimDevice>, backing: &Arc<SimDevice>, options: VolumeOptions) -> Volume {
