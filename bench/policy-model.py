@@ -3,8 +3,8 @@
 seconds (Python) before building it into the engine: a ring of C slots filled at the tail,
 emptied at the head in windows of a segment, where a clean block read since it was cached or
 last kept is copied forward with its 2-bit count one less (at most half a segment of copies
-per reclaim record; the window ends early rather than evict a
-kept block, as long as it frees room/16 blocks beyond its record: volume/reclaim.rs), a block
+per reclaim record; the window ends early rather than evict a kept block, as long as it
+frees a block beyond its record, as volume/reclaim.rs does with no writer waiting), a block
 read once is evicted into the ghost queue (half a log of evictions per generation, two
 generations: ghost.rs), and a miss of a ghost enters with a count of one. Misses are
 admitted in records of min(168, C/8) blocks.
@@ -14,14 +14,15 @@ admitted in records of min(168, C/8) blocks.
 
 With --ring, the `s3fifo` policy (volume/probation.rs): a tenth of the cache is a ring that a
 miss enters unless it is a ghost, read in batches of 64; two reads there move a block into
-the log (count 0); the ring's drops, not the log's evictions, feed the ghost queue; a ghost's
-miss enters the log.
+the log (count 0); the ring's drops, not the log's evictions, feed the ghost queue (a log's
+length of them per generation, as the engine's); a ghost's miss enters the log.
 
 With --adaptive, the `adaptive` policy (the default since 2026-11-27, volume/admission.rs):
 `s3fifo`, plus misses entering the log until it first fills, plus the frequency gate (a
 ghost's miss enters the log only if a count-min sketch, frequency.rs, counts it read more
 often than the first block from the log's head that reclaim would evict; else the ring),
-applied while a duel of two miniature simulations of the policy, with and without the gate,
+(the first block within 1,024 slots of the log's head that reclaim would evict), applied
+while a duel of two miniature simulations of the policy, with and without the gate,
 on 1 in S sampled blocks, says the gate misses less (duel.rs). `--gate on|off` fixes the gate
 instead.
 
@@ -73,7 +74,7 @@ class Log:
     def __init__(self, cap, seg, on_evict):
         self.cap, self.seg, self.on_evict = cap, seg, on_evict
         self.room = min(seg // 2, 168)
-        self.min_progress = max(1, self.room // 16)
+        self.min_progress = 1
         self.ring, self.count, self.copies = collections.deque(), {}, 0
 
     def reclaim(self):
@@ -198,7 +199,7 @@ class Adaptive:
         self.ring_cap, self.log_cap = ring_cap, max(seg, (cap - ring_cap) // seg * seg)
         self.record = max(1, min(168, self.log_cap // 8))
         self.batch = min(batch, max(1, ring_cap // 4))
-        self.ghosts = Ghosts(self.log_cap)
+        self.ghosts = Ghosts(2 * self.log_cap)
         self.log = Log(self.log_cap, seg, lambda b: None)
         self.staging = Staging(self.log, self.record, lambda s: 0)
         self.ring, self.ring_pos, self.hits = collections.deque(), {}, {}
@@ -210,9 +211,9 @@ class Adaptive:
         return len(self.log.ring) + len(self.staging.blocks) + self.record < self.log_cap
 
     def victim(self):
-        """The sketch's count of the first block within 64 of the log's head with a count of
-        0, else of the head's block."""
-        near = [x for _, x in zip(range(64), self.log.ring)]
+        """The sketch's count of the first block within 1,024 of the log's head with a count
+        of 0, else of the head's block."""
+        near = [x for _, x in zip(range(1024), self.log.ring)]
         for x in near:
             if self.log.count[x] == 0:
                 return self.sketch.estimate(x)

@@ -51,7 +51,7 @@ const RECORD_BLOCKS: usize = 168;
 /// Blocks the ring gathers before one write (`PROBATION_BATCH_BLOCKS`).
 const RING_BATCH: usize = 64;
 /// Slots from the log's head scanned for the victim whose frequency the gate compares with.
-pub const VICTIM_SCAN_SLOTS: usize = 64;
+pub const VICTIM_SCAN_SLOTS: usize = 1024;
 
 /// The rule to follow, from the one followed now and the decayed misses [with the gate,
 /// without]: the other one only once it misses `SWITCH_MARGIN` less.
@@ -168,6 +168,10 @@ struct Mini {
     tick: u64,
     ghosts: [HashSet<u64>; 2],
     ghost_generation: usize,
+    /// Blocks reclaim took from the log's front since it began (the front's position), and
+    /// where the search for the next victim resumes (a position).
+    log_popped: u64,
+    victim_cursor: u64,
     sketch: Sketch,
 }
 
@@ -198,6 +202,8 @@ impl Mini {
             tick: 0,
             ghosts: [HashSet::new(), HashSet::new()],
             ghost_generation: 0,
+            log_popped: 0,
+            victim_cursor: 0,
             sketch: Sketch::new(total as u64),
         }
     }
@@ -221,17 +227,21 @@ impl Mini {
     fn add_ghost(&mut self, block: u64) {
         let g = self.ghost_generation;
         self.ghosts[g].insert(block);
-        if self.ghosts[g].len() >= self.log_cap / 2 {
+        if self.ghosts[g].len() >= self.log_cap {
             self.ghost_generation = 1 - g;
             self.ghosts[1 - g].clear();
         }
     }
 
     /// The sketch's count of the first block from the log's head that reclaim would evict
-    /// (not read since cached or kept), or of the head's block if none is that near.
-    fn victim_frequency(&self) -> u8 {
-        let near = || self.log.iter().take(VICTIM_SCAN_SLOTS);
-        near().find(|b| self.count[b] == 0).or_else(|| near().next()).map_or(0, |&b| self.sketch.estimate(b))
+    /// (not read since cached or kept), or of the head's block if none is that near: the
+    /// search resumes where the last one stopped, as the real one does (`admission.rs`).
+    fn victim_frequency(&mut self) -> u8 {
+        let end = self.log.len().min(VICTIM_SCAN_SLOTS);
+        let from = (self.victim_cursor.saturating_sub(self.log_popped) as usize).min(end);
+        let found = (from..end).find(|&i| self.count[&self.log[i]] == 0);
+        self.victim_cursor = self.log_popped + found.unwrap_or(end) as u64;
+        found.or((end > 0).then_some(0)).map_or(0, |i| self.sketch.estimate(self.log[i]))
     }
 
     /// Whether the read was a hit.
@@ -316,20 +326,21 @@ impl Mini {
 
     /// Frees the head window: blocks read since cached or last kept are copied forward (the
     /// most read first, up to `room`; the window ends early rather than evict one, as long as
-    /// it frees a sixteenth of `room` besides), the rest evicted.
+    /// it frees a block besides: the real reclaim without a writer waiting), the rest
+    /// evicted.
     fn reclaim(&mut self) {
         let len = self.segment.min(self.log.len());
         let mut window: Vec<u64> = self.log.iter().take(len).copied().collect();
         let kept: Vec<usize> = (0..window.len()).filter(|&i| self.count[&window[i]] > 0).collect();
-        let min_progress = (self.room / 16).max(1);
         let mut limit = self.room;
-        if kept.len() > self.room && kept[self.room] > 1 + min_progress {
+        if kept.len() > self.room && kept[self.room] > 2 {
             window.truncate(kept[self.room]);
-            limit = self.room.min(window.len() - 1 - min_progress);
+            limit = self.room.min(window.len() - 2);
         }
         // (At least one block leaves: a window all of whose blocks are kept frees nothing.)
         limit = limit.min(window.len() - 1);
         self.log.drain(..window.len());
+        self.log_popped += window.len() as u64;
         let mut keep: Vec<u64> = window.iter().copied().filter(|b| self.count[b] > 0).collect();
         keep.sort_by_key(|b| std::cmp::Reverse(self.count[b]));
         keep.truncate(limit);

@@ -88,7 +88,7 @@ pub struct Status {
     pub index_ram_bytes: u64,
     /// Index RAM divided by the blocks the cache can hold.
     pub index_ram_bytes_per_cached_block: f64,
-    /// RAM of the eviction policy's ghost queue (about 2 bytes per cache block).
+    /// RAM of the eviction policy's ghost queue (about 4 bytes per cache block).
     #[serde(default)]
     pub ghost_ram_bytes: u64,
     /// The adaptive policy only (`null` otherwise): whether the frequency gate refuses

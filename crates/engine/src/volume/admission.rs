@@ -140,15 +140,35 @@ impl Volume {
     }
 
     /// The sketch's count of the first block from the log's head that reclaim would evict
-    /// (clean, not read since cached or last kept), looking `VICTIM_SCAN_SLOTS` slots ahead;
-    /// if none is that near, of the first clean block (a head of blocks all read again: the
-    /// one reclaim would evict after it passes them once more); 0 if no clean block is there.
+    /// (clean, not read since cached or last kept), looking up to `VICTIM_SCAN_SLOTS` slots
+    /// ahead; if none is that near, of the first clean block (a head of blocks all read
+    /// again: the one reclaim would evict after it passes them once more); 0 if no clean
+    /// block is there.
+    ///
+    /// Why that far. Reclaim copies forward every block read since its last pass (when no
+    /// writer waits), so the next victim is the first unread block however far it lies, as
+    /// CLOCK's hand finds it; comparing with the head's block instead (64 slots ahead, as
+    /// before) compared a ghost with a block that survives, and refused it. On the shared
+    /// traces 1,024 slots took the replay from 1.25 % above the best published policy on
+    /// average to 0.97 %, 8.4 % to 5.5 % at 10 % of arc_P6 (a model of the policy: 0.3735
+    /// with 64, 0.3589 with 256, 0.3583 with 1,024, 0.3607 unbounded).
+    ///
+    /// The search resumes where the last one stopped (`State::victim_cursor`): the blocks it
+    /// passed stay unfit until reclaim passes them (a read only raises a count; one a
+    /// write-back cleaned since is the rare exception, found on the next lap), so the cost
+    /// per miss stays a few slots.
     fn victim_frequency(&self, st: &State, sketch: &Sketch) -> u8 {
-        let near = || {
-            (st.head..st.tail.min(st.head + VICTIM_SCAN_SLOTS as u64))
-                .filter_map(|pos| st.index.owner(self.layout.slot(pos)))
-                .filter(|(_, e)| !e.dirty)
-        };
-        near().find(|(_, e)| e.freq == 0).or_else(|| near().next()).map_or(0, |(block, _)| sketch.estimate(block))
+        let end = st.tail.min(st.head + VICTIM_SCAN_SLOTS as u64);
+        let from = st.victim_cursor.get().clamp(st.head, end);
+        let victim = (from..end).find_map(|pos| {
+            let (block, e) = st.index.owner(self.layout.slot(pos))?;
+            (!e.dirty && e.freq == 0).then_some((pos, block))
+        });
+        st.victim_cursor.set(victim.map_or(end, |(pos, _)| pos));
+        let block = victim.map(|(_, block)| block).or_else(|| {
+            (st.head..end)
+                .find_map(|pos| st.index.owner(self.layout.slot(pos)).filter(|(_, e)| !e.dirty).map(|(b, _)| b))
+        });
+        block.map_or(0, |block| sketch.estimate(block))
     }
 }

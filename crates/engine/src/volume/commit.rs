@@ -30,6 +30,7 @@ impl Volume {
     /// meanwhile, and one that the flush under way covers waits for it instead of issuing
     /// another.
     pub fn flush(&self) -> Result<()> {
+        let _foreground = self.foreground();
         let target = {
             let mut st = self.lock();
             st.check_poisoned()?;

@@ -9,7 +9,7 @@
 //! clean copy whose count is not zero is copied forward with the count one less (the
 //! reinsertion of S3-FIFO's main queue and CLOCK's second chance, generalised to 2 bits);
 //! one whose count is zero is evicted. A read miss of a block evicted lately (the ghost
-//! queue, ghost.rs: two Bloom filters, 2 bytes per cache block) enters with a count of
+//! queue, ghost.rs: two Bloom filters, 4 bytes per cache block) enters with a count of
 //! one. So a block read once is evicted after one lap of the log, a block read again keeps its
 //! place for as many passes of the head as its reads earned, and a scan (which never reads a
 //! block twice) pushes a hot block out only after that many passes (which come sooner the more
@@ -270,10 +270,18 @@ impl Volume {
     /// last kept), in log order, at most `room` (the copies the record has left after
     /// `dirty` dirty ones). When the window holds more, it ends before the first one that
     /// does not fit: a block whose count keeps it is not evicted for want of room in this
-    /// record (the next reclaim copies it). The shorter window must still free
-    /// `room / 16` blocks (at least one) besides its record, or a writer waiting for room
-    /// would wait for many records; where kept blocks lie so densely that it cannot, the
-    /// least-read of them are evicted.
+    /// record (the next reclaim copies it). The shorter window must still free a block
+    /// besides its record; where kept blocks lie so densely that it cannot, the least-read
+    /// of them are evicted.
+    ///
+    /// While a write or flush is under way, it must free `room / 16` blocks instead: a head
+    /// dense with blocks read again would otherwise make a writer wait for a hundred records
+    /// of copies (CLOCK's hand sweeping a hot cache), where this costs it a few and evicts
+    /// the least-read of a dense window. Without a writer waiting, reclaim makes room only
+    /// for the read misses being admitted, which no reader waits for: there the head passes
+    /// every kept block as CLOCK does. On the shared traces (all reads) that took the
+    /// replay from 1.97 % above the best published policy on average to 1.25 %, at 2-10 %
+    /// more SSD bytes written per access.
     fn reinsertions(
         &self,
         head: u64,
@@ -292,7 +300,8 @@ impl Volume {
             kept.sort_by_key(|p| p.position);
         };
         let cut = kept[room].position;
-        let min_progress = (room as u64 / 16).max(1);
+        let writer_waits = self.foreground.load(Ordering::Relaxed) > 0;
+        let min_progress = if writer_waits { (room as u64 / 16).max(1) } else { 1 };
         // (The copies that fit a window ending at `cut` while it frees `min_progress`.)
         let fits = (cut - head).saturating_sub(1 + dirty as u64 + min_progress) as usize;
         let dirty_before_cut = live.iter().all(|p| !p.entry.dirty || p.position < cut);

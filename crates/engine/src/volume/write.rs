@@ -7,6 +7,7 @@ impl Volume {
     /// Writes whole blocks. Complete on return; durable after the next `flush`.
     pub fn write(&self, offset: u64, data: &[u8]) -> Result<()> {
         self.check_request(offset, data.len() as u64)?;
+        let _foreground = self.foreground();
         if self.try_write_around(offset, data)? {
             return Ok(());
         }
