@@ -54,8 +54,13 @@ impl Ghosts {
     fn probes(bits: u64, block: u64) -> impl Iterator<Item = u64> {
         let h = (block ^ 0x5851_F42D_4C95_7F2D).wrapping_mul(0x9E37_79B9_7F4A_7C15);
         let (h1, h2) = (h >> 32, (h & 0xFFFF_FFFF) | 1);
-        // (Multiply-shift range reduction of a 32-bit hash: no power-of-two size needed.)
-        (0..PROBES).map(move |i| ((h1.wrapping_add(i.wrapping_mul(h2)) & 0xFFFF_FFFF) * bits) >> 32)
+        // (Multiply-shift range reduction of a 32-bit hash: no power-of-two size needed. In
+        // 128 bits: a filter of more than 2^32 bits, a log of more than 2^28 blocks, would
+        // overflow 64.)
+        (0..PROBES).map(move |i| {
+            let h = h1.wrapping_add(i.wrapping_mul(h2)) & 0xFFFF_FFFF;
+            ((u128::from(h) * u128::from(bits)) >> 32) as u64
+        })
     }
 
     /// Remembers that `block` was evicted.
@@ -111,6 +116,16 @@ mod tests {
         let fp = (0..100_000u64).map(|b| 1_000_000_007 + b * 13).filter(|&b| g.contains(b)).count();
         // (Each full filter about 0.1 %; a block is checked against both.)
         assert!(fp < 500, "{fp} false positives in 100,000");
+    }
+
+    /// A log of 2^29 blocks (2 TiB) makes filters of 2^33 bits: every probe lands inside.
+    #[test]
+    fn probes_fit_filters_of_more_than_2_32_bits() {
+        let bits = 16u64 << 29;
+        for block in (0..1_000_000u64).map(|b| b * 2_654_435_761) {
+            assert!(Ghosts::probes(bits, block).all(|p| p < bits), "block {block}");
+        }
+        assert!((0..1000u64).flat_map(|b| Ghosts::probes(bits, b)).any(|p| p >= 1 << 32), "probes use the high bits");
     }
 
     #[test]

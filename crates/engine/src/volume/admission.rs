@@ -25,6 +25,10 @@ use super::*;
 use crate::duel::{Duel, VICTIM_SCAN_SLOTS};
 use crate::frequency::Sketch;
 
+/// How far from the head the gate looks for a clean block to compare with when none within
+/// `VICTIM_SCAN_SLOTS` is unread (a head of blocks all read again, or dirty).
+const VICTIM_FALLBACK_SLOTS: u64 = 64;
+
 pub(super) struct Admission {
     /// The policy's state; `None` unless the policy is `adaptive` and the cache has a ring.
     adaptive: Option<Adaptive>,
@@ -154,9 +158,10 @@ impl Volume {
     /// with 64, 0.3589 with 256, 0.3583 with 1,024, 0.3607 unbounded).
     ///
     /// The search resumes where the last one stopped (`State::victim_cursor`): the blocks it
-    /// passed stay unfit until reclaim passes them (a read only raises a count; one a
-    /// write-back cleaned since is the rare exception, found on the next lap), so the cost
-    /// per miss stays a few slots.
+    /// passed stay unfit until reclaim passes them (a read only raises a count; a write-back
+    /// that cleans one moves the cursor back to it: `mark_written_clean`), so the cost per
+    /// miss stays a few slots. The fallback looks 64 slots deep only: a head of dirty
+    /// blocks would otherwise cost a thousand lookups per miss.
     fn victim_frequency(&self, st: &State, sketch: &Sketch) -> u8 {
         let end = st.tail.min(st.head + VICTIM_SCAN_SLOTS as u64);
         let from = st.victim_cursor.get().clamp(st.head, end);
@@ -166,7 +171,7 @@ impl Volume {
         });
         st.victim_cursor.set(victim.map_or(end, |(pos, _)| pos));
         let block = victim.map(|(_, block)| block).or_else(|| {
-            (st.head..end)
+            (st.head..st.tail.min(st.head + VICTIM_FALLBACK_SLOTS))
                 .find_map(|pos| st.index.owner(self.layout.slot(pos)).filter(|(_, e)| !e.dirty).map(|(b, _)| b))
         });
         block.map_or(0, |block| sketch.estimate(block))

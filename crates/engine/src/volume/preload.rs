@@ -35,6 +35,8 @@ impl Volume {
     /// chunks from the backing device while the caller's admits and writes the one before
     /// (so the backing device streams: a preload runs at its sequential speed).
     pub fn preload(&self, offset: u64, len: u64, mut progress: impl FnMut(u64) -> bool) -> Result<PreloadReport> {
+        // (An operator waits for it: reclaim makes room for its records as for a writer's.)
+        let _foreground = self.foreground();
         let (start, end) = self.aligned_span(offset, len)?;
         if len == 0 {
             return Ok(PreloadReport::default());

@@ -377,6 +377,9 @@ impl Volume {
                 ((same && st.index.mark_clean(p.block, p.entry.slot)) || rescued, p.position)
             };
             if marked {
+                // (A clean block the frequency gate's victim search passed while it was
+                // dirty: the search resumes there.)
+                st.victim_cursor.set(st.victim_cursor.get().min(p.position));
                 st.pending_meta.push_back(RecordEntry {
                     kind: EntryKind::MarkClean,
                     backing_block: p.block,
