@@ -29,6 +29,7 @@ Examples:
   tiercache replay --trace ../shared/traces/arc_P3.csv.gz
   tiercache replay --trace arc_P3.csv.gz --cache-size 1%,5%,10%,25% --anchors missratio-anchors.tsv
   tiercache replay --trace mydb.csv.gz --cache-size 256M,1G --json
+  tiercache replay --trace mydb.csv.gz --cache-size 1G --probation-percent 5
 
 The trace: `time_ns,op,offset_bytes,length_bytes` per line (op R or W), gzip'd or plain, with a
 header line. Each size runs the engine on a fresh cache in RAM; a percent size is a share of
@@ -63,6 +64,11 @@ pub struct ReplayArgs {
     /// is the server's, 2M).
     #[arg(long, value_name = "SIZE", value_parser = crate::devices::parse_size)]
     sequential_bypass: Option<u64>,
+    /// The share of each cache given to the probation ring, as `create --probation-percent`
+    /// gives it (default 10; 0: none): to see what another ring would do for this trace
+    /// before formatting a cache with it.
+    #[arg(long, value_name = "PERCENT", value_parser = crate::devices::parse_percent)]
+    probation_percent: Option<u16>,
 }
 
 /// One request of a trace.
@@ -197,6 +203,8 @@ struct SizeResult {
     size: String,
     /// The cache's log, in 4 KiB blocks (what the engine can hold, metadata aside).
     cache_blocks: u64,
+    /// Of `cache_blocks`, the probation ring's.
+    probation_blocks: u64,
     read_block_accesses: u64,
     read_hit_blocks: u64,
     read_miss_ratio: f64,
@@ -281,16 +289,19 @@ fn replay_one(
     size: &str,
     blocks: u64,
     options: VolumeOptions,
+    probation_permille: Option<u16>,
 ) -> Result<SizeResult> {
     let cache = cache_device(blocks)?;
     let backing = Arc::new(NullDevice { size: extent, reads: AtomicU64::new(0), writes: AtomicU64::new(0) });
-    let format = CreateOptions { segment_blocks: segment_blocks_for(blocks), ..CreateOptions::default() };
+    let mut format = CreateOptions { segment_blocks: segment_blocks_for(blocks), ..CreateOptions::default() };
+    format.probation_permille = probation_permille.unwrap_or(format.probation_permille);
     create(&*cache, &*backing, &format).with_context(|| format!("formatting a {blocks}-block cache"))?;
     let clock = SimClock::new();
     let c: Arc<dyn BlockDevice> = cache.clone();
     let b: Arc<dyn BlockDevice> = backing.clone();
     let (volume, _) = Volume::open(c, b, Arc::new(clock.clone()), options)?;
-    let cache_blocks = volume.superblock().layout.log_blocks + volume.superblock().layout.probation_blocks;
+    let probation_blocks = volume.superblock().layout.probation_blocks;
+    let cache_blocks = volume.superblock().layout.log_blocks + probation_blocks;
     let written_at_open = cache.bytes_written.load(Ordering::Relaxed);
     let (reads0, writes0) = (backing.reads.load(Ordering::Relaxed), backing.writes.load(Ordering::Relaxed));
     let mut buf = tiercache_device::AlignedBuf::new(BS as usize);
@@ -335,6 +346,7 @@ fn replay_one(
     Ok(SizeResult {
         size: size.to_string(),
         cache_blocks,
+        probation_blocks,
         read_block_accesses: reads,
         read_hit_blocks: c.read_hit_blocks,
         read_miss_ratio: if reads == 0 { 0.0 } else { c.read_miss_blocks as f64 / reads as f64 },
@@ -415,6 +427,9 @@ pub fn replay_cmd(args: ReplayArgs) -> Result<()> {
         sequential_bypass_bytes: args.sequential_bypass.unwrap_or(tiercache_engine::constants::SEQUENTIAL_BYPASS_BYTES),
         ..VolumeOptions::default()
     };
+    if let Some(p) = args.probation_percent.filter(|&p| p > 500) {
+        bail!("--probation-percent {}: the ring takes at most 50 % of the cache", f64::from(p) / 10.0);
+    }
     let mut sizes = Vec::new();
     for s in &args.cache_size {
         let blocks = match s.strip_suffix('%') {
@@ -427,7 +442,7 @@ pub fn replay_cmd(args: ReplayArgs) -> Result<()> {
             }
             None => crate::devices::parse_size(s).map_err(|e| anyhow::anyhow!("--cache-size {s}: {e}"))? / BS,
         };
-        let mut r = replay_one(&requests, extent, s, blocks, options)?;
+        let mut r = replay_one(&requests, extent, s, blocks, options, args.probation_percent)?;
         // (The anchors are listed at the footprint's exact percentages.)
         r.anchors = anchors_tsv.as_deref().and_then(|t| anchors_for(t, &trace_name, blocks));
         if !args.json {
@@ -558,10 +573,10 @@ mod tests {
         // (FIFO over a loop larger than the cache) every access misses.
         let requests: Vec<Request> =
             (0..20).flat_map(|_| (0..200u64).map(|b| Request { write: false, offset: b * BS, len: BS })).collect();
-        let big = replay_one(&requests, 1 << 20, "big", 400, VolumeOptions::default()).unwrap();
+        let big = replay_one(&requests, 1 << 20, "big", 400, VolumeOptions::default(), None).unwrap();
         assert_eq!(big.read_block_accesses, 4000);
         assert!(big.read_miss_ratio <= 0.1, "{big:?}");
-        let small = replay_one(&requests, 1 << 20, "small", 50, VolumeOptions::default()).unwrap();
+        let small = replay_one(&requests, 1 << 20, "small", 50, VolumeOptions::default(), None).unwrap();
         assert!(small.read_miss_ratio > 0.9, "{small:?}");
     }
 

@@ -41,6 +41,27 @@ fn replay_reports_each_size_as_json_and_as_a_table() {
     // dropped enters the log at its next miss.
     let (small, big) = (sizes[0]["read_miss_ratio"].as_f64().unwrap(), sizes[1]["read_miss_ratio"].as_f64().unwrap());
     assert!(big <= 0.2 && small > big, "miss ratios {small} and {big}");
+    assert_eq!(sizes[1]["probation_blocks"], 40, "a tenth of the cache by default");
+    // Another ring, as `create --probation-percent` would give it. A cache of the loop's
+    // size: with the default ring (8 blocks) the misses of each pass wait there and the log
+    // keeps part of the loop; with none, every miss enters the log and pushes out the block
+    // the loop reads next, more often.
+    let at_footprint = |ring: Option<&str>| {
+        let mut a = vec!["replay", "--trace", p.to_str().unwrap(), "--cache-size", "100%", "--json"];
+        a.extend(ring.map(|r| ["--probation-percent", r]).into_iter().flatten());
+        let out = tiercache(&a);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["sizes"][0].clone()
+    };
+    let (ring, none) = (at_footprint(None), at_footprint(Some("0")));
+    assert!(ring["probation_blocks"].as_u64().unwrap() > 0 && ring["probation_admitted_blocks"].as_u64().unwrap() > 0);
+    assert_eq!((none["probation_blocks"].as_u64(), none["probation_admitted_blocks"].as_u64()), (Some(0), Some(0)));
+    let (with, without) = (ring["read_miss_ratio"].as_f64().unwrap(), none["read_miss_ratio"].as_f64().unwrap());
+    assert!(with < without, "miss ratio with the ring {with}, without {without}");
+    let out = tiercache(&["replay", "--trace", p.to_str().unwrap(), "--probation-percent", "60"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--probation-percent 60: the ring takes at most 50 %"), "{err}");
     let svg = dir.path().join("mrc.svg");
     let out = tiercache(&[
         "replay",
