@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tiercache_device::{check_request, BlockDevice, SimClock};
 use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
+use tiercache_format::constants::MAX_PROBATION_PERMILLE;
 use tiercache_format::Layout;
 
 const BS: u64 = 4096;
@@ -427,8 +428,12 @@ pub fn replay_cmd(args: ReplayArgs) -> Result<()> {
         sequential_bypass_bytes: args.sequential_bypass.unwrap_or(tiercache_engine::constants::SEQUENTIAL_BYPASS_BYTES),
         ..VolumeOptions::default()
     };
-    if let Some(p) = args.probation_percent.filter(|&p| p > 500) {
-        bail!("--probation-percent {}: the ring takes at most 50 % of the cache", f64::from(p) / 10.0);
+    if let Some(p) = args.probation_percent.filter(|&p| p > MAX_PROBATION_PERMILLE) {
+        bail!(
+            "--probation-percent {}: the ring takes at most {} % of the cache",
+            f64::from(p) / 10.0,
+            f64::from(MAX_PROBATION_PERMILLE) / 10.0
+        );
     }
     let mut sizes = Vec::new();
     for s in &args.cache_size {

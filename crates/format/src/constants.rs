@@ -47,6 +47,10 @@ pub const DEFAULT_SEGMENT_BLOCKS: u32 = 256;
 /// The log must hold at least this many segments (reclaim needs room to work).
 pub const MIN_LOG_SEGMENTS: u64 = 8;
 
+/// The largest share of the log, in per mille, that `Layout::with_probation` gives the
+/// probation ring (and `create` accepts).
+pub const MAX_PROBATION_PERMILLE: u16 = 500;
+
 /// Superblock copies live in cache blocks 0 and 1.
 pub const SUPERBLOCK_COPIES: u64 = 2;
 

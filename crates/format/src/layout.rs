@@ -101,7 +101,7 @@ impl Layout {
     /// fewer than two). The checkpoint areas keep their size.
     pub fn with_probation(mut self, permille: u16) -> Layout {
         let seg = u64::from(self.segment_blocks);
-        let ring = self.log_blocks * u64::from(permille.min(500)) / 1000 / seg * seg;
+        let ring = self.log_blocks * u64::from(permille.min(MAX_PROBATION_PERMILLE)) / 1000 / seg * seg;
         if ring >= 2 * seg && self.log_blocks - ring >= MIN_LOG_SEGMENTS * seg {
             self.log_blocks -= ring;
             self.probation_blocks = ring;

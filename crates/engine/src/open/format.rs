@@ -58,9 +58,9 @@ fn check_options(cache: &dyn BlockDevice, backing: &dyn BlockDevice, options: &C
             options.dirty_low_permille, options.dirty_high_permille
         )));
     }
-    if options.probation_permille > 500 {
+    if options.probation_permille > MAX_PROBATION_PERMILLE {
         return Err(EngineError::Config(format!(
-            "the probation ring takes at most 500 per mille of the log (got {})",
+            "the probation ring takes at most {MAX_PROBATION_PERMILLE} per mille of the log (got {})",
             options.probation_permille
         )));
     }

@@ -109,7 +109,7 @@ use crate::sabotage::sabotaged;
 use serde::Serialize;
 use staging::Staging;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, MutexGuard};
 use tiercache_device::{AlignedBuf, BlockDevice, Clock, DeviceError, ReadRange};
 use tiercache_format::{
@@ -608,11 +608,11 @@ pub struct Volume {
     record_writer_thread: std::sync::Mutex<Option<std::thread::Thread>>,
     /// Writes and flushes under way: while any is, reclaim keeps fewer blocks for the
     /// eviction policy where that would make them wait (`reclaim.rs`, `reinsertions`).
-    foreground: std::sync::atomic::AtomicUsize,
+    foreground: AtomicUsize,
 }
 
 /// A write or flush under way (`Volume::foreground`), for as long as it lives.
-pub(super) struct Foreground<'a>(&'a std::sync::atomic::AtomicUsize);
+pub(super) struct Foreground<'a>(&'a AtomicUsize);
 
 impl Volume {
     pub(super) fn foreground(&self) -> Foreground<'_> {
@@ -753,7 +753,7 @@ impl Volume {
             background: AtomicBool::new(false),
             background_thread: std::sync::Mutex::new(None),
             record_writer: AtomicBool::new(false),
-            foreground: std::sync::atomic::AtomicUsize::new(0),
+            foreground: AtomicUsize::new(0),
             record_writer_thread: std::sync::Mutex::new(None),
         }
     }
