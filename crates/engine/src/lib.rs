@@ -141,7 +141,8 @@ impl std::fmt::Display for VolumeState {
 /// The background workers of a volume: one thread writes out staged data after a while,
 /// destages between the watermarks and pre-cleans the head of the log; another, the record
 /// writer, writes the records writers seal, so that a writer goes on staging instead of
-/// waiting for its record's write (`Volume::set_record_writer`). Stop when dropped.
+/// waiting for its record's write (`Volume::set_record_writer`), and the probation ring's
+/// batches readers' admissions fill, so that a reader does not wait for one. Stop when dropped.
 pub struct Background {
     stop: Arc<AtomicBool>,
     handle: Option<JoinHandle<()>>,
@@ -192,6 +193,7 @@ impl Background {
                 while !stop.load(Ordering::Relaxed) {
                     let Some(v) = weak.upgrade() else { break };
                     v.write_every_handed_off_record(false);
+                    v.write_probation_if_full();
                     drop(v);
                     std::thread::park_timeout(period);
                 }

@@ -12,7 +12,9 @@
 //! - `a_failed_ring_write_drops_its_batch_and_reads_stay_right`: and its blocks become ghosts,
 //!   so their next miss enters the log;
 //! - `a_ring_copy_gone_bad_is_read_from_the_backing_device`;
-//! - `reinsert_and_fifo_leave_the_ring_unused`.
+//! - `reinsert_and_fifo_leave_the_ring_unused`;
+//! - `with_a_record_writer_the_reader_that_fills_a_batch_does_not_write_it`: the record
+//!   writer does, and a reader writes it only when the record writer is a batch behind.
 
 use std::sync::Arc;
 use tiercache_device::{BlockDevice, FailMode, OpKind, SimDevice};
@@ -243,4 +245,41 @@ fn reinsert_and_fifo_leave_the_ring_unused() {
         assert_eq!(ring(&v), (0, 0), "{eviction:?}");
         assert!(in_log(&v, 0), "{eviction:?}: misses enter the log");
     }
+}
+
+#[test]
+fn with_a_record_writer_the_reader_that_fills_a_batch_does_not_write_it() {
+    let (c, _b, v) = volume();
+    // (This thread stands for the record writer: wake-ups unpark it, and it does the record
+    // writer's work by calling `write_handed_off_records`.)
+    v.set_record_writer(Some(std::thread::current()));
+    let writes = || c.stats().writes;
+    let before = writes();
+    read_once(&v, (0..BATCH).map(cold));
+    assert_eq!(writes(), before, "the reader that filled the batch wrote it");
+    assert_eq!(ring(&v).0, BATCH, "its blocks wait in RAM");
+    // Served from RAM meanwhile.
+    let hits = v.status().counters.read_hit_blocks;
+    read_once(&v, (0..BATCH).map(cold));
+    assert_eq!(v.status().counters.read_hit_blocks, hits + BATCH);
+    // The record writer writes it: one write, and a read there is a read of the ring.
+    assert_eq!(v.write_handed_off_records().unwrap(), 0, "no record was handed off");
+    assert_eq!(writes(), before + 1, "one write of the whole batch");
+    let reads = c.stats().reads;
+    read_once(&v, [cold(0)].into_iter());
+    assert_eq!(c.stats().reads, reads + 1, "read from the ring slot");
+    // A batch full and one more admission while nobody took it: that reader writes it.
+    read_once(&v, (BATCH..2 * BATCH).map(cold));
+    assert_eq!(writes(), before + 1);
+    read_once(&v, [cold(2 * BATCH)].into_iter());
+    assert_eq!(writes(), before + 2, "the record writer is behind: the reader wrote the batch");
+    assert_eq!(ring(&v).0, 2 * BATCH + 1);
+    // Without a record writer, the reader that fills a batch writes it at once.
+    v.set_record_writer(None);
+    read_once(&v, (2 * BATCH + 1..3 * BATCH).map(cold));
+    assert_eq!(writes(), before + 2, "one short of a batch");
+    read_once(&v, [cold(3 * BATCH)].into_iter());
+    assert_eq!(writes(), before + 3);
+    let c = v.status().counters;
+    assert_eq!((c.probation_admitted_blocks, c.probation_busy_blocks), (3 * BATCH + 1, 0), "{c:?}");
 }

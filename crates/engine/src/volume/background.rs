@@ -137,13 +137,15 @@ impl Volume {
     }
 
     /// The record writer thread's work: writes every record handed off whose write nobody has
-    /// begun, oldest first. Returns how many it wrote; an error is a failed write (the volume
-    /// is poisoned).
+    /// begun, oldest first, then a full probation batch readers handed off
+    /// (`write_or_hand_off_probation`). Returns how many records it wrote; an error is a
+    /// failed record write (the volume is poisoned).
     pub fn write_handed_off_records(&self) -> Result<usize> {
         let mut n = 0;
         while self.write_handed_off_record(false)? {
             n += 1;
         }
+        self.write_probation_if_full();
         Ok(n)
     }
 

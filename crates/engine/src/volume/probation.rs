@@ -217,6 +217,12 @@ impl Probation {
         self.enabled() && self.gathering.blocks.len() >= self.batch_blocks
     }
 
+    /// Whether more than a batch is gathered: the batch was full before the last admission
+    /// and nobody has begun its write yet.
+    pub(super) fn batch_overdue(&self) -> bool {
+        self.enabled() && self.gathering.blocks.len() > self.batch_blocks
+    }
+
     /// Starts writing the gathered batch (none in progress): room is made by dropping the
     /// oldest copies (each into `ghosts`), positions reserved. Returns (position, blocks,
     /// buffer) to write outside the lock.
