@@ -193,7 +193,7 @@ impl Background {
                 while !stop.load(Ordering::Relaxed) {
                     let Some(v) = weak.upgrade() else { break };
                     v.write_every_handed_off_record(false);
-                    v.write_probation_if_full();
+                    v.write_probation_if_full(true);
                     drop(v);
                     std::thread::park_timeout(period);
                 }

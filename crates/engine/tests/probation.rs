@@ -268,18 +268,23 @@ fn with_a_record_writer_the_reader_that_fills_a_batch_does_not_write_it() {
     let reads = c.stats().reads;
     read_once(&v, [cold(0)].into_iter());
     assert_eq!(c.stats().reads, reads + 1, "read from the ring slot");
-    // A batch full and one more admission while nobody took it: that reader writes it.
-    read_once(&v, (BATCH..2 * BATCH).map(cold));
-    assert_eq!(writes(), before + 1);
-    read_once(&v, [cold(2 * BATCH)].into_iter());
+    // A batch full, and half of the slack beyond it (a batch and a largest request, 64
+    // blocks, before admissions are refused) gathered while nobody took it: the reader that
+    // gathers that much writes it.
+    let overdue = BATCH + BATCH / 2;
+    read_once(&v, (BATCH..BATCH + overdue - 1).map(cold));
+    assert_eq!(writes(), before + 1, "not yet overdue");
+    read_once(&v, [cold(BATCH + overdue - 1)].into_iter());
     assert_eq!(writes(), before + 2, "the record writer is behind: the reader wrote the batch");
-    assert_eq!(ring(&v).0, 2 * BATCH + 1);
+    assert_eq!(ring(&v).0, BATCH + overdue);
     // Without a record writer, the reader that fills a batch writes it at once.
     v.set_record_writer(None);
-    read_once(&v, (2 * BATCH + 1..3 * BATCH).map(cold));
+    let next = BATCH + overdue;
+    read_once(&v, (next..next + BATCH - 1).map(cold));
     assert_eq!(writes(), before + 2, "one short of a batch");
-    read_once(&v, [cold(3 * BATCH)].into_iter());
+    read_once(&v, [cold(next + BATCH - 1)].into_iter());
     assert_eq!(writes(), before + 3);
+    assert_eq!(v.status().counters.probation_batches_by_record_writer, 1);
     let c = v.status().counters;
-    assert_eq!((c.probation_admitted_blocks, c.probation_busy_blocks), (3 * BATCH + 1, 0), "{c:?}");
+    assert_eq!((c.probation_admitted_blocks, c.probation_busy_blocks), (next + BATCH, 0), "{c:?}");
 }

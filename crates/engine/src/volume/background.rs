@@ -145,7 +145,7 @@ impl Volume {
         while self.write_handed_off_record(false)? {
             n += 1;
         }
-        self.write_probation_if_full();
+        self.write_probation_if_full(true);
         Ok(n)
     }
 

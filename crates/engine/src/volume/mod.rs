@@ -348,6 +348,10 @@ pub struct Counters {
     /// one was still being written.
     #[serde(default)]
     pub probation_busy_blocks: u64,
+    /// Probation batches written by the record writer thread, not by the reader whose
+    /// admission filled them (`write_or_hand_off_probation`).
+    #[serde(default)]
+    pub probation_batches_by_record_writer: u64,
     /// Read misses admitted into the log, not the probation ring, because the log had not yet
     /// wrapped since the volume was opened (`admission.rs`).
     #[serde(default)]

@@ -217,10 +217,11 @@ impl Probation {
         self.enabled() && self.gathering.blocks.len() >= self.batch_blocks
     }
 
-    /// Whether more than a batch is gathered: the batch was full before the last admission
-    /// and nobody has begun its write yet.
+    /// Whether the gathered batch is overdue: full, nobody has begun its write, and more than
+    /// half of the slack beyond a batch (`capacity`, after which admissions are refused) is
+    /// gathered too.
     pub(super) fn batch_overdue(&self) -> bool {
-        self.enabled() && self.gathering.blocks.len() > self.batch_blocks
+        self.enabled() && 2 * self.gathering.blocks.len() >= self.batch_blocks + self.capacity
     }
 
     /// Starts writing the gathered batch (none in progress): room is made by dropping the

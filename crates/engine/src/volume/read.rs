@@ -431,9 +431,8 @@ impl Volume {
     /// the reader whose admission filled it does not wait for a cache write (at QD1 that
     /// write made every cold 256 KiB read a read and then a write: 0.46-0.52 of the backing
     /// device's rate here, on a disk both share). The reader writes it itself when there is
-    /// no record writer, or when the record writer is behind (more than a batch gathered:
-    /// the batch's capacity is a batch and one largest request, then admissions are
-    /// dropped, `gather`).
+    /// no record writer, or when the record writer is behind (`batch_overdue`: the batch
+    /// holds a batch and one largest request, then admissions are dropped, `gather`).
     fn write_or_hand_off_probation(&self) {
         if self.record_writer.load(Ordering::Relaxed) {
             let behind = {
@@ -448,14 +447,14 @@ impl Volume {
                 return;
             }
         }
-        self.write_probation_if_full();
+        self.write_probation_if_full(false);
     }
 
     /// Writes the probation ring's batch if it is full (no lock held across the write; the
     /// batch is read from RAM meanwhile): by the reader that filled it, or by the record
     /// writer (`write_or_hand_off_probation`). One that finds a write in progress leaves it
     /// to its writer, and further admissions wait out (`gather`).
-    pub(crate) fn write_probation_if_full(&self) {
+    pub(crate) fn write_probation_if_full(&self, by_record_writer: bool) {
         loop {
             let started = {
                 let mut st = self.lock();
@@ -466,6 +465,9 @@ impl Volume {
                 st.probation.start_write(&mut st.ghosts, &mut st.counters.probation_evicted_blocks)
             };
             let Some((position, n, data)) = started else { return };
+            if by_record_writer {
+                self.lock().counters.probation_batches_by_record_writer += 1;
+            }
             let bs = self.bs;
             let ring = self.layout.probation_blocks;
             let first = (ring - position % ring).min(n as u64) as usize;
