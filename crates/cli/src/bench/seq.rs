@@ -148,6 +148,8 @@ impl Case {
 struct Pass {
     mib_per_second: f64,
     latency: Histogram<u64>,
+    /// Cold reads: the share of the blocks read that were admitted into the cache.
+    admitted: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -169,12 +171,18 @@ struct Row {
     goal: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     goal_met: Option<bool>,
-    /// Writes meeting dirty data, when the cache and backing files share one disk: the rate
-    /// that disk allows, from the same run (each block written costs a log write, a log read
-    /// and a backing write there: `1 / (1/E + 1/Rc + 1/Wb)`, E the empty-cache write at this
-    /// size and depth, Rc and Wb the best raw cache read and backing write of the run).
+    /// When the cache and backing files share one disk, the rate that disk allows, from the
+    /// same run. Writes meeting dirty data: each block written costs a log write, a log read
+    /// and a backing write there, `1 / (1/E + 1/Rc + 1/Wb)`, E the empty-cache write at this
+    /// size and depth, Rc and Wb the best raw cache read and backing write of the run. Cold
+    /// reads: each block read costs a backing read and, if admitted, a cache write,
+    /// `1 / (1/Rb + a/Wc)`, Rb the raw backing read at this size and depth, a the share
+    /// admitted (`admitted_share`), Wc the best raw cache write.
     #[serde(skip_serializing_if = "Option::is_none")]
     shared_disk_bound_mib_per_second: Option<f64>,
+    /// Cold reads: the share of the blocks read that the cache admitted (median round).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admitted_share: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -321,6 +329,7 @@ pub fn run(args: SeqArgs) -> Result<()> {
         passes.iter().filter_map(|p| median_rate(&p[c])).max_by(f64::total_cmp)
     };
     let best_raw = best(Case::RawCacheRead).zip(best(Case::RawBackingWrite));
+    let best_cache_write = best(Case::RawCacheWrite);
     let mut rows = Vec::new();
     for (k, &(request, qd)) in combos.iter().enumerate() {
         let median_of = |c: usize| median_rate(&passes[k][c]);
@@ -339,9 +348,20 @@ pub fn run(args: SeqArgs) -> Result<()> {
                 None => (None, None, None),
             };
             let backing_write = median_of(index_of(Case::RawBackingWrite));
+            let admitted_share = {
+                let mut v: Vec<f64> = passes[k][c].iter().filter_map(|p| p.admitted).collect();
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).map(|a| (a * 1000.0).round() / 1000.0)
+            };
             let shared_disk_bound = match (case, shared_disk, median_of(index_of(Case::WriteEmpty)), best_raw) {
                 (Case::WriteOverDirty, true, Some(empty), Some((rc, wb))) => {
                     Some(round1(1.0 / (1.0 / empty + 1.0 / rc + 1.0 / wb)))
+                }
+                (Case::ReadCold, true, _, _) => {
+                    match (median_of(index_of(Case::RawBackingRead)), best_cache_write, admitted_share) {
+                        (Some(rb), Some(wc), Some(a)) => Some(round1(1.0 / (1.0 / rb + a / wc))),
+                        _ => None,
+                    }
                 }
                 _ => None,
             };
@@ -368,6 +388,7 @@ pub fn run(args: SeqArgs) -> Result<()> {
                 goal,
                 goal_met,
                 shared_disk_bound_mib_per_second: shared_disk_bound,
+                admitted_share,
             });
         }
     }
@@ -412,34 +433,53 @@ pub fn run(args: SeqArgs) -> Result<()> {
         ]);
     }
     print!("{}", t.render());
-    let bounds: Vec<String> = report
-        .rows
-        .iter()
-        .filter_map(|r| {
-            let bound = r.shared_disk_bound_mib_per_second?;
-            Some(format!(
-                "{} KiB QD{}: {:.0} MiB/s, {:.2} of the bound",
-                r.request_bytes / 1024,
-                r.queue_depth,
-                bound,
-                r.mib_per_second / bound
-            ))
-        })
-        .collect();
-    if report.shared_disk && report.rows.iter().any(|r| r.case == Case::WriteOverDirty) {
-        println!(
-            "\nThe cache and backing files share one disk. A write meeting dirty data at the log head\n\
-             costs a log write, a log read and a backing write of the block it replaces, all on that\n\
-             disk. The run bounds it at 1 / (1/E + 1/Rc + 1/Wb), E the empty-cache write at that size\n\
-             and depth, Rc and Wb the best raw cache read and backing write:"
-        );
-        if bounds.is_empty() {
-            println!("  (run the write-empty, raw-cache-read and raw-backing-write cases to see it)");
+    let bounds = |case: Case| -> Vec<String> {
+        report
+            .rows
+            .iter()
+            .filter(|r| r.case == case)
+            .filter_map(|r| {
+                let bound = r.shared_disk_bound_mib_per_second?;
+                let admitted = r.admitted_share.map_or(String::new(), |a| format!(" ({:.0} % admitted)", a * 100.0));
+                Some(format!(
+                    "{} KiB QD{}{admitted}: {:.0} MiB/s, {:.2} of the bound",
+                    r.request_bytes / 1024,
+                    r.queue_depth,
+                    bound,
+                    r.mib_per_second / bound
+                ))
+            })
+            .collect()
+    };
+    let explain = |case: Case, text: &str, needs: &str| {
+        if !report.shared_disk || !report.rows.iter().any(|r| r.case == case) {
+            return;
         }
-        for b in bounds {
+        println!("\n{text}");
+        let lines = bounds(case);
+        if lines.is_empty() {
+            println!("  (run the {needs} cases to see it)");
+        }
+        for b in lines {
             println!("  {b}");
         }
-    }
+    };
+    explain(
+        Case::WriteOverDirty,
+        "The cache and backing files share one disk. A write meeting dirty data at the log head\n\
+         costs a log write, a log read and a backing write of the block it replaces, all on that\n\
+         disk. The run bounds it at 1 / (1/E + 1/Rc + 1/Wb), E the empty-cache write at that size\n\
+         and depth, Rc and Wb the best raw cache read and backing write:",
+        "write-empty, raw-cache-read and raw-backing-write",
+    );
+    explain(
+        Case::ReadCold,
+        "A cold read reads the backing file and writes what the cache admits to the cache file,\n\
+         on that same disk. The run bounds it at 1 / (1/Rb + a/Wc), Rb the raw backing read at\n\
+         that size and depth, a the share admitted (reads up to 256 KiB are), Wc the best raw\n\
+         cache write:",
+        "raw-backing-read and raw-cache-write",
+    );
     Ok(())
 }
 
@@ -507,7 +547,13 @@ fn run_case(case: Case, devices: &Devices, args: &SeqArgs, request: u64, qd: u32
             setup(0, bytes, true)?;
             stream(qd, request, 0, bytes, false, &write, &read, &flush)?
         }
-        Case::ReadCold => stream(qd, request, 2 * cache_size, bytes, false, &write, &read, &flush)?,
+        Case::ReadCold => {
+            let before = v.status().counters.admitted_blocks;
+            let mut pass = stream(qd, request, 2 * cache_size, bytes, false, &write, &read, &flush)?;
+            let admitted = v.status().counters.admitted_blocks - before;
+            pass.admitted = Some(admitted as f64 / (bytes / u64::from(v.status().block_size)) as f64);
+            pass
+        }
         Case::WriteOverClean => {
             // Reads fill the whole log with clean blocks (and lap it).
             setup(cache_size, cache_size + cache_size / 4, false)?;
@@ -602,5 +648,5 @@ fn stream(
         latency.saturating_record(t.elapsed().as_nanos() as u64 + 1);
     }
     let secs = start.elapsed().as_secs_f64();
-    Ok(Pass { mib_per_second: (requests * request) as f64 / secs / (1 << 20) as f64, latency })
+    Ok(Pass { mib_per_second: (requests * request) as f64 / secs / (1 << 20) as f64, latency, admitted: None })
 }
