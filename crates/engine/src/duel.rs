@@ -23,7 +23,8 @@
 //! rule when the other simulation's count is lower by `SWITCH_MARGIN` (5 %). Deterministic:
 //! no randomness, so a replay and the simulator stay reproducible.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use foldhash::{HashMap, HashMapExt, HashSet, HashSetExt};
+use std::collections::VecDeque;
 
 use crate::frequency::{mix, Sketch};
 

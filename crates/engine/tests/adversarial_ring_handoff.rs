@@ -21,6 +21,7 @@
 //! - `a_request_that_fills_the_batch_past_its_size_hands_it_off_too`;
 //! - `reads_whose_size_does_not_divide_the_batch_still_hand_it_off`;
 //! - `with_background_the_record_writer_writes_the_batches_of_12k_reads_too`.
+//!
 //! Fixed in e24c6ad: overdue is half the slack beyond a batch gathered too (96 of the
 //! batch's 128); all 13 pass.
 //!
@@ -667,7 +668,7 @@ fn readers_writers_and_the_record_writer_together_never_serve_a_stale_block() {
                 }
                 ops += 1;
                 // (Space for the readers: each write-around waits for the backing device.)
-                if ops % 4 == 0 {
+                if ops.is_multiple_of(4) {
                     std::thread::yield_now();
                 }
             }

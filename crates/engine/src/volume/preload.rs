@@ -209,7 +209,7 @@ impl Volume {
                 return Err(e);
             }
         }
-        self.admit_and_confirm(first, plan, buf, Admit::Log, true, &mut Vec::new());
+        self.admit_and_confirm(first, plan, buf, Admit::Log, true, None, &mut Vec::new());
         {
             // What this chunk staged, and what it found staged or in flight, enters hot. (Each
             // mark is dropped with its staged copy if a TRIM or write-around drops that.)

@@ -45,6 +45,10 @@ pub(super) enum Source {
     Backing,
 }
 
+/// Reads of at least this many blocks warm the index's memory for their lookups first
+/// (`Index::warm`).
+const WARM_INDEX_BLOCKS: usize = 16;
+
 impl Volume {
     /// Reads whole blocks: the newest completed write of each.
     pub fn read(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
@@ -55,12 +59,12 @@ impl Volume {
     pub(super) fn read_admitting(&self, offset: u64, buf: &mut [u8], admits: bool) -> Result<()> {
         self.check_request(offset, buf.len() as u64)?;
         let first = offset / self.bs as u64;
-        let (plan, admit) = self.plan_read(first, buf)?;
+        let (plan, admit, moves) = self.plan_read(first, buf)?;
         let admit = if admits { admit } else { Admit::Never };
         let backing_result = self.read_backing_runs(first, &plan, buf);
         let mut retry = self.read_cache_runs(&plan, buf);
         retry.extend(self.read_probation_copies(&plan, buf));
-        self.admit_and_confirm(first, &plan, buf, admit, backing_result.is_ok(), &mut retry);
+        self.admit_and_confirm(first, &plan, buf, admit, backing_result.is_ok(), Some(moves), &mut retry);
         self.write_or_hand_off_probation();
         backing_result?;
         let bs = self.bs;
@@ -77,7 +81,8 @@ impl Volume {
     /// Also decides whether this read's misses are admitted: not if the read is larger than
     /// the admission limit, nor if it continues a sequential stream that had already read
     /// `sequential_bypass_bytes` (`streams.rs`); `admit_and_confirm` counts what is left out.
-    fn plan_read(&self, first: u64, buf: &mut [u8]) -> Result<(Vec<Source>, Admit)> {
+    /// Returns the plan, the admission decision and the index's `moves` at planning.
+    fn plan_read(&self, first: u64, buf: &mut [u8]) -> Result<(Vec<Source>, Admit, u64)> {
         let bs = self.bs;
         let nblocks = buf.len() / bs;
         let mut plan: Vec<Source> = Vec::with_capacity(nblocks);
@@ -87,6 +92,9 @@ impl Volume {
         let streamed = st.streams.note(first, nblocks as u64, 0) * bs as u64;
         // (A long sequential stream's hits are not re-reads for the eviction policy.)
         let counts_as_reads = streamed < SEQUENTIAL_REREAD_BYTES;
+        if nblocks >= WARM_INDEX_BLOCKS {
+            st.index.warm(first..first + nblocks as u64);
+        }
         for i in 0..nblocks {
             let block = first + i as u64;
             let out = &mut buf[i * bs..(i + 1) * bs];
@@ -135,7 +143,7 @@ impl Volume {
             Admit::Yes { scan: !counts_as_reads }
         };
         st.admission.note_reads(first..first + nblocks as u64, counts_as_reads, matches!(admit, Admit::Yes { .. }));
-        Ok((plan, admit))
+        Ok((plan, admit, st.index.moves()))
     }
 
     /// Reads the misses from the backing device, merged into runs of consecutive blocks, all
@@ -307,6 +315,11 @@ impl Volume {
     /// fill, and the block is not lost), and confirms each cache hit is still current, adding
     /// those that are not to `retry` (a slot can hold another copy of the same block a lap
     /// later; a position cannot, so "still current" is "the index names the same position").
+    /// `planned_moves`, the index's `moves` when the plan was made: if no entry has been
+    /// replaced or removed since, every hit is still current without a lookup per block (a
+    /// hit's position changes only with its entry: the tail cannot lap a live entry's slot
+    /// before reclaim has moved or evicted it).
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn admit_and_confirm(
         &self,
         first: u64,
@@ -314,10 +327,12 @@ impl Volume {
         buf: &[u8],
         admit: Admit,
         read_ok: bool,
+        planned_moves: Option<u64>,
         retry: &mut Vec<usize>,
     ) {
         let bs = self.bs;
         let mut st = self.lock();
+        let hits_current = planned_moves == Some(st.index.moves());
         let now = self.clock.now_ns();
         for (i, src) in plan.iter().enumerate() {
             let block = first + i as u64;
@@ -358,6 +373,7 @@ impl Volume {
                         }
                     }
                 }
+                Source::Cache(..) if hits_current => {}
                 Source::Cache(_, position) => {
                     let current = st.index.get(block).map(|c| self.position_of(&st, &c));
                     if current != Some(*position) && !retry.contains(&i) {

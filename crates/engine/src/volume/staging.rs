@@ -2,7 +2,7 @@
 //! cache. Laid out as the record will be, so sealing is a header write and a buffer swap.
 
 use crate::constants::{MAX_RECORD_BLOCKS, RECORD_ENTRIES};
-use std::collections::HashMap;
+use foldhash::{HashMap, HashMapExt};
 use tiercache_device::AlignedBuf;
 use tiercache_format::{EntryKind, RecordEntry};
 
