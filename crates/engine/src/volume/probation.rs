@@ -189,13 +189,19 @@ impl Probation {
 
     /// Forgets every copy of a block in `range` (TRIM).
     pub(super) fn forget_range(&mut self, range: std::ops::Range<u64>) {
-        let held: Vec<u64> = if range.end - range.start > self.len() as u64 {
+        let mut held: Vec<u64> = if range.end - range.start > self.len() as u64 {
             let writing = self.writing.iter().flat_map(|w| w.map.keys().copied());
             let ring = self.index.iter().map(|(b, _)| b);
             ring.chain(self.gathering.map.keys().copied()).chain(writing).filter(|b| range.contains(b)).collect()
         } else {
             range.collect()
         };
+        // In block order, not the maps' hash order: a block forgotten from the gathering batch
+        // takes the last one into its place (`Batch::remove`), so the order decides where the
+        // survivors land in the ring, and which of them its head evicts first; a replay must
+        // not depend on the hash seed.
+        held.sort_unstable();
+        held.dedup();
         held.into_iter().for_each(|b| self.forget(b));
     }
 
