@@ -246,6 +246,11 @@ impl Volume {
         let bs = self.bs;
         let mut keep = vec![false; blocks.len()];
         let mut suspects = Vec::new();
+        // The checksums first, outside the state lock (they depend on the data read and the
+        // CRC captured when the batch was taken, nothing else): under the lock they held every
+        // reader and writer for up to 10 ms per batch (a 1 GiB cache, 32 KiB sequential writes).
+        let crc_ok: Vec<bool> =
+            blocks.iter().enumerate().map(|(i, p)| checksum(&data[i * bs..(i + 1) * bs]) == p.entry.crc).collect();
         {
             let st = self.lock();
             for (i, p) in blocks.iter().enumerate() {
@@ -254,7 +259,7 @@ impl Volume {
                 if !still {
                     continue; // overwritten, moved, lost, repaired or written around meanwhile
                 }
-                if checksum(&data[i * bs..(i + 1) * bs]) != p.entry.crc {
+                if !crc_ok[i] {
                     suspects.push(*p);
                     continue;
                 }
