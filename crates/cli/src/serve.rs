@@ -486,13 +486,13 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     {
         // Counters sampled every second (the last minute kept), for the rates `status` shows.
         // The first before any client can connect.
-        server.sample(volume.status().counters);
+        server.sample(volume.counters());
         let (server, volume, stop) = (Arc::clone(&server), Arc::downgrade(&volume), Arc::clone(&stop));
         std::thread::Builder::new().name("tiercache-rates".into()).spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 std::thread::sleep(Duration::from_secs(1));
                 let Some(v) = volume.upgrade() else { break };
-                server.sample(v.status().counters);
+                server.sample(v.counters());
             }
         })?;
     }

@@ -79,7 +79,9 @@ pub fn index_ram_bytes(log_blocks: u64) -> u64 {
         + log_blocks * std::mem::size_of::<SlotInfo>() as u64
 }
 
-/// The index. Not synchronised: the volume keeps it under its state lock.
+/// The index. Not synchronised: the volume keeps it under its state lock. (`Clone` is two
+/// flat copies: a checkpoint's snapshot.)
+#[derive(Clone)]
 pub struct Index {
     buckets: Box<[u32]>,
     slots: Box<[SlotInfo]>,
@@ -328,6 +330,23 @@ impl Index {
     pub fn iter(&self) -> impl Iterator<Item = (u64, IndexEntry)> + '_ {
         self.buckets.iter().filter(|&&b| b != EMPTY).map(|&b| (u64::from(self.key_of(b)), self.entry_of(b)))
     }
+
+    /// How many buckets the table has (the bound of `dirty_in_buckets`' ranges).
+    pub fn bucket_count(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// The dirty entries in buckets `range` as (block, slot), in table order. The dirty bit
+    /// is in the bucket, so a clean entry costs no look at its slot: a caller can scan the
+    /// table a range at a time (each under its own lock hold) without decoding all of it.
+    /// Between two calls, a deletion's backward shift can move an entry into a range already
+    /// scanned (missed) or, at the wrap, from the table's first buckets to its last (seen twice).
+    pub fn dirty_in_buckets(&self, range: std::ops::Range<usize>) -> impl Iterator<Item = (u64, u32)> + '_ {
+        self.buckets[range]
+            .iter()
+            .filter(|&&b| b != EMPTY && b & DIRTY_BIT != 0)
+            .map(|&b| (u64::from(self.key_of(b)), b & SLOT_MASK))
+    }
 }
 
 #[cfg(test)]
@@ -390,6 +409,17 @@ mod tests {
             let live: usize = (0..cap as u32).filter(|&s| idx.owner(s).is_some()).count();
             assert_eq!(live, model.len());
             assert_eq!(idx.iter().count(), model.len());
+            // The dirty entries, a range of buckets at a time, are the model's dirty ones.
+            let step = 1 + seed as usize * 7;
+            let mut dirty: Vec<(u64, u32)> = (0..idx.bucket_count())
+                .step_by(step)
+                .flat_map(|from| idx.dirty_in_buckets(from..(from + step).min(idx.bucket_count())))
+                .collect();
+            dirty.sort_unstable();
+            let mut expected: Vec<(u64, u32)> =
+                model.iter().filter(|(_, v)| v.dirty).map(|(&k, v)| (k, v.slot)).collect();
+            expected.sort_unstable();
+            assert_eq!(dirty, expected, "seed {seed}");
         }
     }
 

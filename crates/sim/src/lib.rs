@@ -1685,6 +1685,19 @@ mod tests {
             by_waiters += r.handed_off_records_written_by_waiters;
             swept += r.preclean_swept_blocks;
         }
+        // Dense dirty windows copied forward are rare in these seeds, and which seeds have
+        // them moves with every change to where the engine takes its locks (each is a switch
+        // of the scheduler): 2 when written, none after `scan_index` and reclaim's per-segment
+        // holds. Then the seeds after these, up to 48 in all, until one has them (8 of 0..48
+        // had them then, the first at 19).
+        for seed in 12..48 {
+            if dense_copies > 0 {
+                break;
+            }
+            let r = run(SimConfig { seed, ..SimConfig::default() });
+            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
+            dense_copies += r.dense_copy_forwards;
+        }
         // The pre-cleaner left dirty windows to a stream client lapping its range.
         assert!(swept > 0, "no window left to a sequential writer");
         // Records handed to the record writer actor, some written by a thread that needed

@@ -37,11 +37,15 @@ impl Volume {
 
     /// The index, the tombstones (every lost block, logged or not: a checkpoint replaces the
     /// records before it) and the header, taken atomically.
+    ///
+    /// The index is copied whole (two flat arrays, about 12.7 bytes per cached block) and
+    /// decoded after the state lock is let go: decoding it under the lock held every reader
+    /// and writer 3-10 ms per checkpoint on a 1 GiB cache.
     #[allow(clippy::type_complexity)]
-    fn checkpoint_snapshot(&self) -> Result<(Vec<(u64, IndexEntry)>, Vec<(u64, u32)>, CheckpointHeader)> {
+    fn checkpoint_snapshot(&self) -> Result<(Index, Vec<(u64, u32)>, CheckpointHeader)> {
         let st = self.lock();
         st.check_poisoned()?;
-        let snapshot: Vec<(u64, IndexEntry)> = st.index.iter().collect();
+        let snapshot = st.index.clone();
         let tombstones: Vec<(u64, u32)> = if sabotaged!(self, LostInRamOnly) {
             Vec::new()
         } else {
@@ -64,7 +68,7 @@ impl Volume {
     /// entries.
     fn encode_checkpoint(
         &self,
-        snapshot: &[(u64, IndexEntry)],
+        snapshot: &Index,
         tombstones: &[(u64, u32)],
         mut header: CheckpointHeader,
     ) -> (AlignedBuf, CheckpointHeader) {
@@ -77,7 +81,7 @@ impl Volume {
         let entries = snapshot
             .iter()
             .map(|(block, e)| CheckpointEntry {
-                backing_block: *block,
+                backing_block: block,
                 slot: e.slot,
                 dirty: e.dirty,
                 lost: false,

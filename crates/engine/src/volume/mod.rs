@@ -49,7 +49,8 @@
 //! on it: `write_around.rs`), `destage` (one write-back batch at a time, so a block is never
 //! written back twice concurrently; write-arounds begin under it too, and its other holders
 //! wait for them), `around-write` (a write-around under way, held by its writer across the
-//! backing write), `state` (index, staging, positions; never held across I/O). The
+//! backing write), `state` (index, staging, positions; never held across I/O, nor across
+//! a walk of the whole index: `scan_index` takes it a chunk of buckets at a time). The
 //! superblock's lock is a leaf: taken last (the destager takes it under the destage lock),
 //! never held while another is taken.
 //! (Debug builds and the `testing` feature check the order per volume: `lock_order.rs`.)
@@ -96,6 +97,7 @@ pub use preload::PreloadReport;
 pub use write_around::WriteAroundPolicy;
 
 pub(crate) use log_io::read_log;
+use writeback::Elevator;
 
 /// The state lock's guard (see `lock_order`).
 type StateGuard<'a> = lock_order::Ranked<MutexGuard<'a, State>>;
@@ -589,8 +591,8 @@ pub struct Volume {
     flush_gate: Mutex<()>,
     /// Most entries in a record (see `Staging::limit`).
     staging_limit: usize,
-    /// The destager's lock; holds the elevator cursor.
-    destage: Mutex<u64>,
+    /// The destager's lock; holds the elevator (`destage_step`).
+    destage: Mutex<Elevator>,
     /// The write-around lock (see `lock_around`).
     around: Mutex<()>,
     state: Mutex<State>,
@@ -684,7 +686,7 @@ impl Volume {
             options,
             io: Mutex::new(IoBuffers { copy: AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize) }),
             staging_limit,
-            destage: Mutex::new(0),
+            destage: Mutex::new(Elevator::default()),
             around: Mutex::new(()),
             flush_gate: Mutex::new(()),
             state: Mutex::new(State {
@@ -864,9 +866,9 @@ impl Volume {
         around
     }
 
-    /// The destager's lock (its content is the elevator cursor), with no write-around under
+    /// The destager's lock (its content is the elevator), with no write-around under
     /// way (none can begin while it is held).
-    fn lock_destage(&self) -> lock_order::Ranked<MutexGuard<'_, u64>> {
+    fn lock_destage(&self) -> lock_order::Ranked<MutexGuard<'_, Elevator>> {
         let destage = self.lock_destage_to_begin();
         self.wait_for_write_arounds();
         destage
@@ -880,7 +882,7 @@ impl Volume {
 
     /// The destage lock as a writer's reclaim takes it, the wait measured for `status`
     /// (`reclaim_destage_wait_max_us`: at most the batch under way, which is sized by time).
-    fn lock_destage_for_reclaim(&self) -> lock_order::Ranked<MutexGuard<'_, u64>> {
+    fn lock_destage_for_reclaim(&self) -> lock_order::Ranked<MutexGuard<'_, Elevator>> {
         let started_ns = self.clock.now_ns();
         let destage = self.lock_destage();
         let waited_us = self.clock.now_ns().saturating_sub(started_ns) / 1000;
@@ -906,7 +908,7 @@ impl Volume {
     }
 
     /// The destage lock as a write-around takes it to begin.
-    fn lock_destage_to_begin(&self) -> lock_order::Ranked<MutexGuard<'_, u64>> {
+    fn lock_destage_to_begin(&self) -> lock_order::Ranked<MutexGuard<'_, Elevator>> {
         lock_order::ranked(self.lock_owner(), lock_order::Rank::Destage, || self.destage.lock().expect("destage lock"))
     }
 
@@ -965,6 +967,25 @@ impl Volume {
     /// The log position of an index entry's copy (entries name slots in `[head, tail)`).
     fn position_of(&self, st: &State, e: &IndexEntry) -> u64 {
         self.layout.position_of_slot(e.slot, st.tail)
+    }
+
+    /// Visits the whole index a chunk of `INDEX_SCAN_CHUNK` buckets at a time, each chunk
+    /// under its own state-lock hold: `visit(state, buckets)`. What the index's entries do
+    /// between two holds is `Index::dirty_in_buckets`' caveat: an entry can be missed or seen
+    /// twice, so a caller takes what it finds as a hint to look up again, or as approximate.
+    fn scan_index(&self, mut visit: impl FnMut(&State, std::ops::Range<usize>)) {
+        let mut from = 0;
+        loop {
+            let st = self.lock();
+            let n = st.index.bucket_count();
+            let to = (from + INDEX_SCAN_CHUNK).min(n);
+            visit(&st, from..to);
+            drop(st);
+            if to >= n {
+                return;
+            }
+            from = to;
+        }
     }
 
     /// The blocks whose current copy lies at log positions `[from, until)`, in position order

@@ -147,17 +147,29 @@ impl Volume {
     /// many segments (a writer meeting a cache full of clean data runs at the empty-cache
     /// rate).
     fn reclaim_window(&self, head: u64, target: u64, checkpoint: u64) -> (u64, Vec<Picked>) {
-        let st = self.lock();
-        let picked = |from: u64, until: u64| self.live_between(&st, from, until).collect::<Vec<_>>();
+        let mut live = self.live_between(&self.lock(), head, target).collect::<Vec<_>>();
         let mut target = target;
         let seg = u64::from(self.layout.segment_blocks);
-        let limit = (head + self.layout.log_blocks / 8).min(st.tail).min(checkpoint);
-        // (Only segments whose blocks are all clean and unread since cached: evicting those
-        // costs the policy nothing.)
-        while target + seg <= limit && picked(target, target + seg).iter().all(|p| !p.entry.dirty && !self.keeps(p)) {
+        // (A segment per state-lock hold: the widest window, 32,768 blocks of a 1 GiB cache,
+        // looked up under one hold stalled every reader and writer for 2-7 ms. The caller
+        // holds the io lock, so no record moves the tail or an entry meanwhile; what others
+        // change between two holds (a write-back, a TRIM) they could change after the last.)
+        loop {
+            let st = self.lock();
+            let limit = (head + self.layout.log_blocks / 8).min(st.tail).min(checkpoint);
+            if target + seg > limit {
+                break;
+            }
+            // (Only segments whose blocks are all clean and unread since cached: evicting
+            // those costs the policy nothing.)
+            let next: Vec<Picked> = self.live_between(&st, target, target + seg).collect();
+            if next.iter().any(|p| p.entry.dirty || self.keeps(p)) {
+                break;
+            }
+            live.extend(next);
             target += seg;
         }
-        (target, picked(head, target))
+        (target, live)
     }
 
     /// What reclaim does with a window holding more live dirty blocks than a reclaim record
@@ -375,25 +387,34 @@ impl Volume {
         head: u64,
         new_head: u64,
     ) -> (u64, u64) {
-        let mut st = self.lock();
-        self.drop_stale_reinsertions(&st, io, copies);
+        // The window's blocks not copied leave the index, a segment's worth per state-lock
+        // hold (a window of 32,768 blocks under one hold stalled readers and writers for
+        // 2-6 ms). Clean all of them (a copy that went stale since it was read, dropped
+        // below, names a slot its block no longer has, so `remove_if_slot` leaves it), and no
+        // record can be written meanwhile (the caller holds the io lock): a reader that misses
+        // on one between two holds reads the backing device's copy, the same data.
         let copied: HashSet<u64> = copies.iter().map(|p| p.block).collect();
-        for p in live {
-            if copied.contains(&p.block) {
-                continue;
-            }
-            if let Some(old) = st.index.remove_if_slot(p.block, p.entry.slot) {
-                assert!(!old.dirty, "block {} still dirty at reclaim", p.block);
-                st.counters.evicted_blocks += 1;
-                // (With the probation ring, the ghost queue remembers what left the ring:
-                // S3-FIFO's; a block the log let go re-enters through the ring.)
-                if !st.probation.enabled() {
-                    st.ghosts.insert(p.block);
+        for chunk in live.chunks(self.layout.segment_blocks as usize) {
+            let mut st = self.lock();
+            for p in chunk {
+                if copied.contains(&p.block) {
+                    continue;
                 }
-                // (Replayed until this record is durable: see `Around`.)
-                st.around.dropped_without_record(p.block, p.position);
+                if let Some(old) = st.index.remove_if_slot(p.block, p.entry.slot) {
+                    assert!(!old.dirty, "block {} still dirty at reclaim", p.block);
+                    st.counters.evicted_blocks += 1;
+                    // (With the probation ring, the ghost queue remembers what left the ring:
+                    // S3-FIFO's; a block the log let go re-enters through the ring.)
+                    if !st.probation.enabled() {
+                        st.ghosts.insert(p.block);
+                    }
+                    // (Replayed until this record is durable: see `Around`.)
+                    st.around.dropped_without_record(p.block, p.position);
+                }
             }
         }
+        let mut st = self.lock();
+        self.drop_stale_reinsertions(&st, io, copies);
         st.counters.reclaimed_blocks += new_head - head;
         let reinserted = copies.iter().filter(|p| !p.entry.dirty).count() as u64;
         st.counters.copied_forward_blocks += copies.len() as u64 - reinserted;

@@ -7,11 +7,20 @@ impl Volume {
     /// The volume's state, sizes, dirty data, log position and counters (`tiercache status`).
     pub fn status(&self) -> crate::Status {
         let sb = self.superblock();
+        // The oldest dirty copy's log position, by a scan in chunks (`scan_index`): the
+        // whole index under one hold stalled every reader and writer, once a second.
+        let mut oldest_dirty: Option<u64> = None;
+        self.scan_index(|st, buckets| {
+            let oldest =
+                st.index.dirty_in_buckets(buckets).map(|(_, slot)| self.layout.position_of_slot(slot, st.tail));
+            oldest_dirty = oldest_dirty.into_iter().chain(oldest).min();
+        });
         let st = self.lock();
+        // (A copy found oldest but reclaimed since is no older than the head; when the scan
+        // found none, what is dirty now was written since it began: the tail.)
+        let oldest_dirty = (st.index.dirty_len() > 0).then(|| oldest_dirty.map_or(st.tail, |pos| pos.max(st.head)));
         let bs = self.bs as u64;
         let now = self.clock.now_ns();
-        let oldest_dirty =
-            st.index.iter().filter(|(_, e)| e.dirty).map(|(_, e)| self.layout.position_of_slot(e.slot, st.tail)).min();
         let oldest_dirty_age_seconds = oldest_dirty.map(|pos| {
             let i = st.age_samples.partition_point(|&(p, _)| p <= pos);
             let t = if i == 0 { st.age_samples.front() } else { st.age_samples.get(i - 1) };
@@ -61,6 +70,12 @@ impl Volume {
             backing_path: sb.backing_path,
             uuid: tiercache_format::uuid_hex(&sb.uuid),
         }
+    }
+
+    /// The counters alone (one short state-lock hold: what a sampler polling every second
+    /// should take instead of `status`, whose scans take several).
+    pub fn counters(&self) -> crate::Counters {
+        self.lock().counters
     }
 
     /// The log window: `(head, checkpoint position, tail)`. Records from the checkpoint
