@@ -27,6 +27,15 @@ fn write_one(v: &Volume, block: u64, version: u64) {
     v.write(block * BS as u64, &stamp(block, version)).unwrap();
 }
 
+/// Writes each of `blocks` at `version`, one request each (so they land in the index in no
+/// address order), then FLUSHes.
+fn write_each_flush(v: &Volume, blocks: impl IntoIterator<Item = u64>, version: u64) {
+    for b in blocks {
+        write_one(v, b, version);
+    }
+    v.flush().unwrap();
+}
+
 fn dirty_blocks(v: &Volume) -> Vec<u64> {
     let mut d: Vec<u64> = v.index_snapshot().into_iter().filter(|(_, e)| e.dirty).map(|(b, _)| b).collect();
     d.sort_unstable();
@@ -45,10 +54,7 @@ fn backing_version(backing: &SimDevice, block: u64) -> Option<u64> {
 fn batches_take_dirty_blocks_in_address_order_from_the_cursor() {
     let (backing, _clock, v) = rig();
     let blocks: Vec<u64> = vec![3000, 17, 905, 2, 44, 1999, 600, 601, 3500, 12, 77, 1234];
-    for &b in &blocks {
-        write_one(&v, b, 1);
-    }
-    v.flush().unwrap();
+    write_each_flush(&v, blocks.iter().copied(), 1);
     let mut sorted = blocks.clone();
     sorted.sort_unstable();
     let mut cleaned: Vec<u64> = Vec::new();
@@ -65,10 +71,7 @@ fn batches_take_dirty_blocks_in_address_order_from_the_cursor() {
     }
     // Dirtied again: the next sweep begins where the last batch stopped (past the highest),
     // so it wraps to the lowest.
-    for &b in &[5u64, 50, 3600] {
-        write_one(&v, b, 2);
-    }
-    v.flush().unwrap();
+    write_each_flush(&v, [5, 50, 3600], 2);
     assert_eq!(v.destage_step(1).unwrap(), 1);
     assert_eq!(dirty_blocks(&v), vec![5, 50], "3600, after the cursor, came first");
 }
@@ -78,10 +81,7 @@ fn batches_take_dirty_blocks_in_address_order_from_the_cursor() {
 #[test]
 fn a_planned_block_rewritten_meanwhile_goes_back_at_its_newest_version() {
     let (backing, _clock, v) = rig();
-    for b in 0..20 {
-        write_one(&v, b, 1);
-    }
-    v.flush().unwrap();
+    write_each_flush(&v, 0..20, 1);
     assert_eq!(v.destage_step(4).unwrap(), 4); // the plan now holds 4..20
     write_one(&v, 10, 2);
     v.flush().unwrap();
@@ -100,10 +100,7 @@ fn a_planned_block_rewritten_meanwhile_goes_back_at_its_newest_version() {
 #[test]
 fn a_trim_over_planned_dirty_blocks_leaves_them_to_the_sweep() {
     let (backing, _clock, v) = rig();
-    for b in 0..12 {
-        write_one(&v, b, 1);
-    }
-    v.flush().unwrap();
+    write_each_flush(&v, 0..12, 1);
     assert_eq!(v.destage_step(2).unwrap(), 2);
     v.discard(4 * BS as u64, 4 * BS as u64).unwrap();
     v.flush().unwrap();
@@ -128,17 +125,11 @@ fn a_trim_over_planned_dirty_blocks_leaves_them_to_the_sweep() {
 #[test]
 fn a_plan_gone_clean_is_replaced_by_a_fresh_scan() {
     let (_backing, _clock, v) = rig();
-    for b in 0..16 {
-        write_one(&v, b, 1);
-    }
-    v.flush().unwrap();
+    write_each_flush(&v, 0..16, 1);
     assert_eq!(v.destage_step(4).unwrap(), 4); // the plan holds 4..16
     v.write_back_all(1.0, |_, _| true).unwrap();
     assert!(dirty_blocks(&v).is_empty());
-    for b in 100..103 {
-        write_one(&v, b, 2);
-    }
-    v.flush().unwrap();
+    write_each_flush(&v, 100..103, 2);
     assert_eq!(v.destage_step(4).unwrap(), 3, "the new dirty blocks, found by a fresh scan");
     assert!(dirty_blocks(&v).is_empty());
 }
@@ -149,10 +140,7 @@ fn a_plan_gone_clean_is_replaced_by_a_fresh_scan() {
 #[test]
 fn blocks_dirtied_after_the_scan_wait_for_the_next_sweep() {
     let (_backing, _clock, v) = rig();
-    for b in 10..20 {
-        write_one(&v, b, 1);
-    }
-    v.flush().unwrap();
+    write_each_flush(&v, 10..20, 1);
     assert_eq!(v.destage_step(4).unwrap(), 4); // 10..14; the plan holds 14..20
     write_one(&v, 5, 1); // behind the cursor
     write_one(&v, 30, 1); // ahead of it, after the scan
