@@ -1723,18 +1723,20 @@ mod tests {
     /// Reclaim's copy over the lap (a dirty window too dense to judge alone, copied because
     /// what the head meets next has room: `dense_choice`) under the simulator's crashes,
     /// concurrency and corruption. It is rare here (a margin of 16 over the measured costs):
-    /// `tiercache torture` found it in seeds 25, 30 and 65 of 0..80 (35 and 54 when written,
-    /// before the simulated cache served scatter and batched reads as one I/O each, which
-    /// changed the devices' random streams); each passes.
+    /// `tiercache torture` found it in seeds 34, 45, 63 and 79 of 0..100 (35 and 54 when
+    /// written; 25, 30 and 65 after the simulated cache served scatter and batched reads as
+    /// one I/O each, which changed the devices' random streams; these since the state lock
+    /// is taken a chunk of the index or a segment of reclaim's window at a time, which moved
+    /// the scheduler's switches); each passes.
     #[test]
     fn dense_windows_copied_over_the_lap_pass() {
         let mut throughs = 0;
-        for seed in [25, 30] {
+        for seed in [34, 63] {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
             throughs += r.dense_copy_throughs;
         }
-        assert!(throughs > 0, "no dense window copied over the lap in seeds 25 and 30: the test proves nothing");
+        assert!(throughs > 0, "no dense window copied over the lap in seeds 34 and 63: the test proves nothing");
     }
 
     /// Probation batches a reader handed to the record writer actor (`Volume::

@@ -969,16 +969,20 @@ impl Volume {
         self.layout.position_of_slot(e.slot, st.tail)
     }
 
-    /// Visits the whole index a chunk of `INDEX_SCAN_CHUNK` buckets at a time, each chunk
-    /// under its own state-lock hold: `visit(state, buckets)`. What the index's entries do
-    /// between two holds is `Index::dirty_in_buckets`' caveat: an entry can be missed or seen
-    /// twice, so a caller takes what it finds as a hint to look up again, or as approximate.
+    /// Visits the whole index a chunk of about `INDEX_SCAN_CHUNK` buckets at a time, each
+    /// chunk under its own state-lock hold: `visit(state, buckets)`. Every entry present
+    /// throughout is visited: a chunk runs on to the end of the run of full buckets it ends
+    /// in (`Index::run_end`), so a deletion's backward shift between two holds cannot carry
+    /// an entry back past the chunks already visited. (Without that, a TRIM between two
+    /// holds hid a dirty block from the elevator and `status`: found by review.) An entry at
+    /// the table's first buckets can shift back to its last and be visited twice; entries
+    /// written between two holds may or may not be: callers look what they find up again.
     fn scan_index(&self, mut visit: impl FnMut(&State, std::ops::Range<usize>)) {
         let mut from = 0;
         loop {
             let st = self.lock();
             let n = st.index.bucket_count();
-            let to = (from + INDEX_SCAN_CHUNK).min(n);
+            let to = st.index.run_end((from + INDEX_SCAN_CHUNK).min(n));
             visit(&st, from..to);
             drop(st);
             if to >= n {

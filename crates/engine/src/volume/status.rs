@@ -17,7 +17,8 @@ impl Volume {
         });
         let st = self.lock();
         // (A copy found oldest but reclaimed since is no older than the head; when the scan
-        // found none, what is dirty now was written since it began: the tail.)
+        // found none, what is dirty now was written since it began (`scan_index` visits
+        // every entry present throughout): the tail.)
         let oldest_dirty = (st.index.dirty_len() > 0).then(|| oldest_dirty.map_or(st.tail, |pos| pos.max(st.head)));
         let bs = self.bs as u64;
         let now = self.clock.now_ns();

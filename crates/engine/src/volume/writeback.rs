@@ -41,6 +41,7 @@ impl Volume {
     /// p99 at 16 writers was 2-4x nbdkit's).
     pub fn destage_step(&self, max_blocks: usize) -> Result<usize> {
         let mut elevator = self.lock_destage();
+        self.lock().check_poisoned()?;
         let mut batch = self.take_planned(&mut elevator, max_blocks)?;
         if batch.is_empty() {
             // The plan ran out, or what was left of it was clean by now: a fresh one.
@@ -55,10 +56,10 @@ impl Volume {
 
     /// Fills the elevator's plan: the first `ELEVATOR_PLAN_BLOCKS` dirty blocks at or after
     /// its cursor in address order, then wrapping to the lowest. The index is scanned a
-    /// chunk of buckets per state-lock hold (`scan_index`); what changes between two holds is caught when
-    /// the plan's blocks are looked up again as they are taken (`take_planned`), or by the
-    /// next sweep (a block dirtied meanwhile where the scan already passed, or moved there
-    /// by a deletion's backward shift).
+    /// chunk of buckets per state-lock hold (`scan_index`, which misses no entry present
+    /// throughout); what changes between two holds is caught when the plan's blocks are
+    /// looked up again as they are taken (`take_planned`), or by the next sweep (a block
+    /// dirtied meanwhile where the scan had already passed).
     fn plan_sweep(&self, elevator: &mut Elevator) {
         let mut found: Vec<u64> = Vec::new();
         self.scan_index(|st, buckets| {
