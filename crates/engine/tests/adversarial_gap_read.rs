@@ -127,12 +127,6 @@ fn live_slots(v: &Volume) -> Vec<u32> {
     v.index_snapshot().into_iter().map(|(_, e)| e.slot).collect()
 }
 
-fn backing_version(backing: &SimDevice, block: u64) -> Option<u64> {
-    let mut one = vec![0u8; BS];
-    backing.read_at(block * BS as u64, &mut one).unwrap();
-    version_of(block, &one)
-}
-
 fn assert_healthy(v: &Volume) {
     let s = v.status();
     assert_eq!(s.state, VolumeState::Ok, "the volume failed: {:?}", s.failure);

@@ -5,7 +5,8 @@
 //!
 //! Both FAILs are fixed (each scan chunk runs on to the end of its run of full buckets,
 //! `Index::run_end`, in `Volume::scan_index`); all 9 pass since. 4's Err is restored too
-//! (`destage_step` checks the poison first).
+//! (`destage_step` checks the poison first). For CI time, 1 and 2 run seeds 0..12 (the review
+//! ran 0..24: 77 s for 2 alone on a loaded 2-core machine), 7 runs 4 seeds.
 //!
 //! 1. FAIL `status_oldest_dirty_age_survives_a_backward_shift_across_a_chunk`: a TRIM between
 //!    two chunks of `status`' scan moves the only dirty entry (probed from the bucket before
@@ -183,18 +184,6 @@ fn rig_for(log_blocks: u64) -> Rig {
     Rig { clock, backing, v: Arc::new(v) }
 }
 
-fn dirty_blocks(v: &Volume) -> Vec<u64> {
-    let mut d: Vec<u64> = v.index_snapshot().into_iter().filter(|(_, e)| e.dirty).map(|(b, _)| b).collect();
-    d.sort_unstable();
-    d
-}
-
-fn backing_version(backing: &SimDevice, block: u64) -> Option<u64> {
-    let mut buf = vec![0u8; BS];
-    backing.read_at(block * BS as u64, &mut buf).unwrap();
-    version_of(block, &buf)
-}
-
 /// The shape built: `clean` written and written back, then `d` written (dirty), an hour
 /// before a later record (`far`, a read miss admitted clean); the table order checked
 /// against the shape's simulated buckets.
@@ -246,7 +235,7 @@ fn status_oldest_dirty_age_survives_a_backward_shift_across_a_chunk() {
     let sh = shape(BLOCKS, |_| CHUNK);
     let (c, d) = (sh.c, sh.d);
     let mut wrong = Vec::new();
-    for seed in 0..24 {
+    for seed in 0..12 {
         let r = rig_for(sh.log_blocks);
         build(&r, &sh);
         let v = Arc::clone(&r.v);
@@ -278,7 +267,7 @@ fn destage_step_finds_a_dirty_block_moved_back_across_a_chunk() {
     let sh = shape(BLOCKS, |_| CHUNK);
     let (c, d) = (sh.c, sh.d);
     let mut zero = Vec::new();
-    for seed in 0..24 {
+    for seed in 0..12 {
         let r = rig_for(sh.log_blocks);
         build(&r, &sh);
         let v = Arc::clone(&r.v);

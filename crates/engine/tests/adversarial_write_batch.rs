@@ -218,12 +218,6 @@ fn dirty_scattered(v: &Volume, version: u64) {
     v.flush().unwrap();
 }
 
-fn backing_version(backing: &SimDevice, block: u64) -> Option<u64> {
-    let mut buf = vec![0u8; BS];
-    backing.read_at(block * BS as u64, &mut buf).unwrap();
-    version_of(block, &buf)
-}
-
 // Suspicion: the engine passes overlapping or duplicate runs to one `write_batch` (the
 // same block twice in a batch: the elevator's wrap-around chain, reclaim's window plus the
 // segments "ahead", the pre-cleaner's windows; or runs that touch), or a write-back batch is

@@ -36,18 +36,6 @@ fn write_each_flush(v: &Volume, blocks: impl IntoIterator<Item = u64>, version: 
     v.flush().unwrap();
 }
 
-fn dirty_blocks(v: &Volume) -> Vec<u64> {
-    let mut d: Vec<u64> = v.index_snapshot().into_iter().filter(|(_, e)| e.dirty).map(|(b, _)| b).collect();
-    d.sort_unstable();
-    d
-}
-
-fn backing_version(backing: &SimDevice, block: u64) -> Option<u64> {
-    let mut buf = vec![0u8; BS];
-    backing.read_at(block * BS as u64, &mut buf).unwrap();
-    version_of(block, &buf)
-}
-
 /// Scattered dirty blocks, written in no particular order: each batch takes the next ones by
 /// address from where the last stopped, and the sweep wraps to the lowest.
 #[test]

@@ -192,6 +192,20 @@ pub fn read_once(v: &Volume, blocks: impl Iterator<Item = u64>) {
     }
 }
 
+/// The version of `block` the backing device itself holds (not the volume).
+pub fn backing_version(backing: &SimDevice, block: u64) -> Option<u64> {
+    let mut buf = vec![0u8; BS];
+    backing.read_at(block * BS as u64, &mut buf).unwrap();
+    version_of(block, &buf)
+}
+
+/// The blocks whose cached copy is dirty, in address order.
+pub fn dirty_blocks(v: &Volume) -> Vec<u64> {
+    let mut d: Vec<u64> = v.index_snapshot().into_iter().filter(|(_, e)| e.dirty).map(|(b, _)| b).collect();
+    d.sort_unstable();
+    d
+}
+
 /// The read count of `block`'s index entry (the eviction policy's), if it is cached.
 pub fn freq(v: &Volume, block: u64) -> Option<u8> {
     v.index_snapshot().into_iter().find(|(b, _)| *b == block).map(|(_, e)| e.freq)
