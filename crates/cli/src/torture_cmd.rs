@@ -164,7 +164,6 @@ struct ConcurrentSummary {
     dense_copy_forwards: u64,
     dense_copy_throughs: u64,
     reclaim_write_backs: u64,
-    write_back_yields: u64,
     batched_cache_reads: u64,
     reinserted_blocks: u64,
     probation_admitted_blocks: u64,
@@ -219,7 +218,6 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
         s.dense_copy_forwards += r.dense_copy_forwards;
         s.dense_copy_throughs += r.dense_copy_throughs;
         s.reclaim_write_backs += r.reclaim_write_backs;
-        s.write_back_yields += r.write_back_yields;
         s.batched_cache_reads += r.batched_cache_reads;
         s.reinserted_blocks += r.reinserted_blocks;
         s.probation_admitted_blocks += r.probation_admitted_blocks;
@@ -240,8 +238,8 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
             s.seeds, s.first_seed, s.cycles, s.crashes_during_recovery, s.clean_shutdowns, s.operations, s.scheduling_steps
         );
         println!(
-            "engine: {} records ({} written while their writer staged the rest of its request, {} more sealed and written while its previous one was in flight; {} handed to the record writer, {} of them written by a thread that needed them first), {} blocks written back ({} left by the pre-cleaner to a sequential writer about to supersede them), {} copied forward ({} reclaims copied dense dirty windows ({} judged over the lap), {} wrote them back; {} write-back batches ended early for a waiting reclaim), {} clean blocks reinserted, {} misses into the probation ring ({} read again there, into the log), {} written around, {} checkpoints, {} log laps, {} reads of several runs in one batch; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
-            s.records_written, s.staged_during_record_writes, s.nested_record_writes, s.handed_off_records, s.handed_off_records_written_by_waiters, s.destaged_blocks, s.preclean_swept_blocks, s.copied_forward_blocks, s.dense_copy_forwards, s.dense_copy_throughs, s.reclaim_write_backs, s.write_back_yields, s.reinserted_blocks, s.probation_admitted_blocks, s.promoted_blocks, s.written_around_blocks, s.checkpoints, s.log_laps, s.batched_cache_reads, s.corruptions, s.lost_block_errors
+            "engine: {} records ({} written while their writer staged the rest of its request, {} more sealed and written while its previous one was in flight; {} handed to the record writer, {} of them written by a thread that needed them first), {} blocks written back ({} left by the pre-cleaner to a sequential writer about to supersede them), {} copied forward ({} reclaims copied dense dirty windows ({} judged over the lap), {} wrote them back), {} clean blocks reinserted, {} misses into the probation ring ({} read again there, into the log), {} written around, {} checkpoints, {} log laps, {} reads of several runs in one batch; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
+            s.records_written, s.staged_during_record_writes, s.nested_record_writes, s.handed_off_records, s.handed_off_records_written_by_waiters, s.destaged_blocks, s.preclean_swept_blocks, s.copied_forward_blocks, s.dense_copy_forwards, s.dense_copy_throughs, s.reclaim_write_backs, s.reinserted_blocks, s.probation_admitted_blocks, s.promoted_blocks, s.written_around_blocks, s.checkpoints, s.log_laps, s.batched_cache_reads, s.corruptions, s.lost_block_errors
         );
         println!("{} seeds passed, {} failed", s.seeds - s.failed_seeds.len() as u64, s.failed_seeds.len());
         for v in &s.violations {

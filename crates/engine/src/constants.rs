@@ -51,19 +51,6 @@ pub const ELEVATOR_PLAN_BLOCKS: usize = 65_536;
 /// this many per hold as it takes them.
 pub const INDEX_SCAN_CHUNK: usize = 16_384;
 
-/// Write-back sends a batch's runs to the backing device in waves that each take about this
-/// long at the measured time per run (`Volume::write_runs`), so that a read miss arriving
-/// meanwhile waits for one wave, not the batch: all in flight at once, a 256-block batch of
-/// scattered runs booked an HDD for 480 ms, and every read miss queued behind it (read p99
-/// 405 ms, max 684 ms, under 16 KiB random reads and writes with a 20 % high watermark; a
-/// database stalled whole seconds at zero transactions while a batch was written back).
-pub const WRITE_BACK_WAVE_MS: u64 = 10;
-
-/// The most runs a write-back wave holds (a device that serves many at once gets them all
-/// in flight up to here), and the runs of a wave until one has been timed.
-pub const WRITE_BACK_WAVE_MAX_RUNS: usize = 64;
-pub const WRITE_BACK_WAVE_UNTIMED_RUNS: usize = 8;
-
 /// The batch size until a write-back has been timed.
 pub const DESTAGE_BATCH_UNTIMED_BLOCKS: usize = 1024;
 

@@ -325,9 +325,7 @@ fn a_failed_run_marks_nothing_clean_and_a_later_write_back_lands_all() {
         backing.fail_after(Some(OpKind::Write), k, FailMode::Once);
         let r = volume.destage_step(4096);
         assert!(r.is_err(), "k {k}: a failed run was not reported: {r:?}");
-        // The 20 runs go in two waves (8 until a wave was timed, then the other 12): the
-        // failure ends the batch in the wave it falls in.
-        assert_eq!(backing.stats().write_batches, if k < 8 { 1 } else { 2 }, "k {k}");
+        assert_eq!(backing.stats().write_batches, 1, "k {k}");
         assert_eq!(volume.status().dirty_blocks, 20, "k {k}: blocks marked clean after a failed write-back");
         assert_eq!(backing.stats().flushes, flushes, "k {k}: the backing device was flushed after a failed write");
         for i in SCATTERED {

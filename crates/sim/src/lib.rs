@@ -188,9 +188,6 @@ pub struct SimReport {
     /// Of those, windows too dense to free an eighth, copied because the log had room.
     pub dense_copy_throughs: u64,
     pub reclaim_write_backs: u64,
-    /// Background write-back batches that ended after a wave for a writer's reclaim waiting
-    /// for the destage lock (`Yield::ToReclaim`).
-    pub write_back_yields: u64,
     /// Reads whose cache hits lay in several runs, read in flight together (in an order the
     /// cache device's seed draws).
     pub batched_cache_reads: u64,
@@ -1109,7 +1106,6 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         report.dense_copy_forwards += st.counters.dense_copy_forwards;
         report.dense_copy_throughs += st.counters.dense_copy_throughs;
         report.reclaim_write_backs += st.counters.reclaim_write_backs;
-        report.write_back_yields += st.counters.write_back_yields;
         report.batched_cache_reads += st.counters.batched_cache_reads;
         report.reinserted_blocks += st.counters.reinserted_blocks;
         report.probation_admitted_blocks += st.counters.probation_admitted_blocks;
@@ -1675,7 +1671,6 @@ mod tests {
         let mut promoted = 0;
         let (mut handed_off, mut by_waiters) = (0, 0);
         let mut swept = 0;
-        let mut yields = 0;
         for seed in 0..12 {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
@@ -1689,26 +1684,20 @@ mod tests {
             handed_off += r.handed_off_records;
             by_waiters += r.handed_off_records_written_by_waiters;
             swept += r.preclean_swept_blocks;
-            yields += r.write_back_yields;
         }
         // Dense dirty windows copied forward are rare in these seeds, and which seeds have
         // them moves with every change to where the engine takes its locks (each is a switch
         // of the scheduler): 2 when written, none after `scan_index` and reclaim's per-segment
         // holds. Then the seeds after these, up to 48 in all, until one has them (8 of 0..48
         // had them then, the first at 19).
-        // Background write-back batches that ended after a wave for a writer's reclaim
-        // waiting on the destage lock: as rare and as moved by lock changes (when written, 1
-        // in 0..12, at seed 6; 6 of 0..48).
         for seed in 12..48 {
-            if dense_copies > 0 && yields > 0 {
+            if dense_copies > 0 {
                 break;
             }
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
             dense_copies += r.dense_copy_forwards;
-            yields += r.write_back_yields;
         }
-        assert!(yields > 0, "no write-back batch yielded to a waiting reclaim in seeds 0..48");
         // The pre-cleaner left dirty windows to a stream client lapping its range.
         assert!(swept > 0, "no window left to a sequential writer");
         // Records handed to the record writer actor, some written by a thread that needed

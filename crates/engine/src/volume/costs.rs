@@ -154,79 +154,9 @@ impl ReclaimCosts {
         (fit.min(max as u128) as usize).max(min)
     }
 
-    /// How many dirty blocks of the segments after a reclaim window may join the window's own
-    /// `window` in the writer's write-back (`write_back_for_reclaim`), at most `max`: as many
-    /// as fit with the window's in a batch sized by time alone (`write_back_batch_blocks`
-    /// without its floor: on a fast backing device, several segments share a flush), or as
-    /// many as write in twice the batch's fixed cost (where the backing flush is dear, a
-    /// segment ahead costs the writer less than the flush it saves the next reclaim); where
-    /// neither holds (an HDD: its writes are dear, its flush is not), none.
-    pub(crate) fn reclaim_ahead_blocks(&self, window: usize, max: usize) -> usize {
-        let by_time = self.write_back_batch_blocks((1, max)).saturating_sub(window);
-        let by_flush = match (self.batch_fixed_ns, self.batch_io) {
-            (Some(fixed), Some((io_ns, scaled_blocks))) => {
-                // 2 * fixed / (io_ns / blocks), blocks in 1/1024ths.
-                let fit = 2 * u128::from(fixed) * u128::from(scaled_blocks) / 1024 / u128::from(io_ns.max(1));
-                usize::try_from(fit).unwrap_or(usize::MAX)
-            }
-            _ => 0,
-        };
-        by_time.max(by_flush).min(max)
-    }
-
     /// (write-back, copy) in ns per block, for `status`.
     pub(crate) fn get(&self) -> (Option<u64>, Option<u64>) {
         (self.write_back_ns_per_block, self.copy_ns_per_block)
-    }
-}
-
-/// The backing device's time for a wave of write-back runs (`write_runs`), as `fixed + per_run
-/// x runs` fitted by least squares over recent waves (exponentially weighted): `per_run` is
-/// what a read queued behind the wave waits per run on a device that serves one request at
-/// a time; `fixed` is latency that a device serving many at once spends on all of them
-/// together. Dividing each wave's time by its runs alone made waves on such a device shrink
-/// to one run when its latency exceeded `WRITE_BACK_WAVE_MS` (a 20 ms network volume: 200
-/// runs in 200 waves, 4 s, where one wave of them took 20 ms; found by review).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct WaveModel {
-    /// Weighted sums of 1, runs, ns, runs^2 and runs x ns.
-    w: f64,
-    n: f64,
-    t: f64,
-    nn: f64,
-    nt: f64,
-}
-
-/// Each new wave weighs this much more than the one before it (older waves fade).
-const WAVE_DECAY: f64 = 0.9;
-/// A wave's time counts at most this much (a clock that leaps must not freeze the sizes).
-const WAVE_NS_MAX: f64 = 10e9;
-
-impl WaveModel {
-    pub(crate) fn note(&mut self, ns: u64, runs: usize) {
-        let (n, t) = (runs.max(1) as f64, (ns as f64).min(WAVE_NS_MAX));
-        self.w = self.w * WAVE_DECAY + 1.0;
-        self.n = self.n * WAVE_DECAY + n;
-        self.t = self.t * WAVE_DECAY + t;
-        self.nn = self.nn * WAVE_DECAY + n * n;
-        self.nt = self.nt * WAVE_DECAY + n * t;
-    }
-
-    /// Runs of the next wave: as many as take `budget_ns` at the fitted time per run, within
-    /// `1..=max`; `untimed` until a wave was timed. Where the waves seen so far were all of
-    /// one size, the time per run is their time over their runs (no slope to fit yet: the
-    /// next wave is then another size, and the fit follows).
-    pub(crate) fn runs(&self, budget_ns: u64, untimed: usize, max: usize) -> usize {
-        if self.w == 0.0 {
-            return untimed.clamp(1, max);
-        }
-        let var = self.w * self.nn - self.n * self.n;
-        let per_run =
-            if var > 0.25 * self.w * self.w { (self.w * self.nt - self.n * self.t) / var } else { self.t / self.n };
-        if per_run <= 0.0 {
-            return max;
-        }
-        ((budget_ns as f64 / per_run).round() as usize).clamp(1, max)
     }
 }
 
@@ -346,60 +276,5 @@ mod tests {
         c.note_write_back(u64::MAX, 1);
         c.note_write_back(u64::MAX, 1);
         assert!(c.get().0.unwrap() > 1 << 61, "a clock that jumps saturates instead of overflowing");
-    }
-
-    #[test]
-    fn waves_fit_a_disk_arm_and_a_device_that_serves_many_at_once() {
-        const BUDGET: u64 = 10_000_000;
-        let drive = |per_run: u64, fixed: u64| {
-            let mut m = WaveModel::default();
-            let mut sizes = Vec::new();
-            for _ in 0..12 {
-                let n = m.runs(BUDGET, 8, 64);
-                sizes.push(n);
-                m.note(fixed + per_run * n as u64, n);
-            }
-            sizes
-        };
-        // A disk arm, 5 ms a run: two runs a wave, from the first timed wave on.
-        assert_eq!(drive(5_000_000, 0)[1..], [2; 11]);
-        // 20 ms whatever the wave's size (a network volume serving all at once): the cap.
-        let far = drive(0, 20_000_000);
-        assert_eq!(far[0], 8);
-        assert_eq!(*far.last().unwrap(), 64, "{far:?}");
-        // Fast: 10 us a run: the cap at once.
-        assert_eq!(drive(10_000, 50_000)[1..], [64; 11]);
-        // 1 ms a run plus 2 ms: eight runs (10 ms less the fixed part, fitted).
-        let mixed = drive(1_000_000, 2_000_000);
-        assert!((7..=10).contains(mixed.last().unwrap()), "{mixed:?}");
-        // A clock that leaps: one wave of 2^62 ns, then ordinary ones again.
-        let mut m = WaveModel::default();
-        m.note(1 << 62, 8);
-        assert_eq!(m.runs(BUDGET, 8, 64), 1);
-        for _ in 0..200 {
-            let n = m.runs(BUDGET, 8, 64);
-            m.note(10_000 * n as u64, n);
-        }
-        assert_eq!(m.runs(BUDGET, 8, 64), 64);
-    }
-
-    #[test]
-    fn a_reclaims_write_back_takes_segments_ahead_where_they_are_cheap_beside_a_flush() {
-        use crate::constants::{DESTAGE_BATCH_BLOCKS, DESTAGE_BATCH_UNTIMED_BLOCKS};
-        const MAX: usize = DESTAGE_BATCH_BLOCKS;
-        // Untimed: a batch's untimed size, less the window's own.
-        assert_eq!(ReclaimCosts::default().reclaim_ahead_blocks(200, MAX), DESTAGE_BATCH_UNTIMED_BLOCKS - 200);
-        // An HDD: 1.4 ms a block, a 0.3 ms flush: nothing ahead of a 200-block window.
-        let mut hdd = ReclaimCosts::default();
-        hdd.note_write_back_batch(300_000, 1_400_000 * 256, 256);
-        assert_eq!(hdd.reclaim_ahead_blocks(200, MAX), 0);
-        // A dear flush (20 ms), 100 us a block: 400 blocks ahead (twice the flush's time).
-        let mut flushy = ReclaimCosts::default();
-        flushy.note_write_back_batch(20_000_000, 100_000 * 256, 256);
-        assert_eq!(flushy.reclaim_ahead_blocks(250, MAX), 400);
-        // Fast: 10 us a block, 1 ms of flushes: 24 ms of writes beside the window's.
-        let mut fast = ReclaimCosts::default();
-        fast.note_write_back_batch(1_000_000, 10_000 * 1024, 1024);
-        assert_eq!(fast.reclaim_ahead_blocks(250, MAX), 2400 - 250);
     }
 }

@@ -334,10 +334,6 @@ pub struct Counters {
     /// (`DESTAGE_BATCH_MS`).
     #[serde(default)]
     pub reclaim_destage_wait_max_us: u64,
-    /// Background write-back batches that ended after a wave because a writer's reclaim was
-    /// waiting for the destage lock (the rest of the batch stays dirty for a later one).
-    #[serde(default)]
-    pub write_back_yields: u64,
     /// Clean blocks read since they were cached that reclaim moved to the tail instead of
     /// evicting them (the eviction policy's reinsertion).
     #[serde(default)]
@@ -620,15 +616,6 @@ pub struct Volume {
     /// Writes and flushes under way: while any is, reclaim keeps fewer blocks for the
     /// eviction policy where that would make them wait (`reclaim.rs`, `reinsertions`).
     foreground: AtomicUsize,
-    /// Write-back's measured backing-device time per wave (`costs::WaveModel`): sizes its
-    /// waves (`writeback.rs`, `write_runs`). Its own std mutex, not `ReclaimCosts`: it is
-    /// read and noted once per wave, and a state-lock hold there would make every wave wait
-    /// behind readers and writers. (Held for a few arithmetic operations, nothing inside.)
-    waves: std::sync::Mutex<costs::WaveModel>,
-    /// Writers' reclaims waiting for the destage lock (`lock_destage_for_reclaim`): a
-    /// background write-back batch ends after its wave under way when one is
-    /// (`Yield::ToReclaim`), instead of making it wait for the whole batch.
-    reclaims_waiting: AtomicUsize,
 }
 
 /// A write or flush under way (`Volume::foreground`), for as long as it lives.
@@ -774,8 +761,6 @@ impl Volume {
             background_thread: std::sync::Mutex::new(None),
             record_writer: AtomicBool::new(false),
             foreground: AtomicUsize::new(0),
-            waves: std::sync::Mutex::new(costs::WaveModel::default()),
-            reclaims_waiting: AtomicUsize::new(0),
             record_writer_thread: std::sync::Mutex::new(None),
         }
     }
@@ -899,18 +884,7 @@ impl Volume {
     /// (`reclaim_destage_wait_max_us`: at most the batch under way, which is sized by time).
     fn lock_destage_for_reclaim(&self) -> lock_order::Ranked<MutexGuard<'_, Elevator>> {
         let started_ns = self.clock.now_ns();
-        // (Counted down by a guard: a panic in `lock_destage` must not leave every later
-        // background batch yielding after one wave to a reclaim that is not there.)
-        struct Waiting<'a>(&'a AtomicUsize);
-        impl Drop for Waiting<'_> {
-            fn drop(&mut self) {
-                self.0.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-        self.reclaims_waiting.fetch_add(1, Ordering::Relaxed);
-        let waiting = Waiting(&self.reclaims_waiting);
         let destage = self.lock_destage();
-        drop(waiting);
         let waited_us = self.clock.now_ns().saturating_sub(started_ns) / 1000;
         let mut st = self.lock();
         st.counters.reclaim_destage_wait_max_us = st.counters.reclaim_destage_wait_max_us.max(waited_us);

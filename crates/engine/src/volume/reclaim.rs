@@ -250,32 +250,26 @@ impl Volume {
     /// segments in the same batch (one backing flush for all of them, and the next reclaims
     /// find them clean): this is the backpressure a writer feels when write-back has fallen
     /// behind, paid in large batches rather than a flush per segment. The segments ahead
-    /// join whole (a batch ending inside a segment would leave the next reclaim a window part
-    /// clean, which it copies forward instead of freeing), as many as
-    /// `ReclaimCosts::reclaim_ahead_blocks` allows: the writer waits for all of them, so
-    /// they join where they are cheap beside the flush they save a later reclaim, not where
-    /// the backing device's writes are dear. (With a batch's floor of 256 blocks beside the
-    /// window's own, a writer over an emulated HDD wrote back 440 blocks in 600 ms, every
-    /// other writer waiting: a database stood at zero transactions for whole seconds.)
+    /// join whole, as many as a batch's size takes besides the window's own (`write_back_batch_blocks`,
+    /// sized by time): a batch ending inside a segment would leave the next reclaim a window
+    /// part clean, which it copies forward instead of freeing; and a window as dirty as a
+    /// whole batch must not leave the segments after it to a backing flush each.
     fn write_back_for_reclaim(&self, mut dirty: Vec<Picked>, new_head: u64) -> Result<()> {
         let _destage = self.lock_destage_for_reclaim();
-        let ahead_max = {
-            let (_, max) = self.write_back_batch_bounds();
-            let costs = self.lock().costs;
-            costs.reclaim_ahead_blocks(dirty.len(), max)
-        };
-        let window = dirty.len();
+        let batch = self.write_back_batch_blocks();
         {
             let st = self.lock();
             let segment = u64::from(self.layout.segment_blocks);
             let until = (new_head + PRECLEAN_SEGMENTS * segment).min(st.tail);
             let mut from = new_head;
+            let mut ahead = 0;
             while from < until {
                 let to = (from + segment).min(until);
                 let more: Vec<Picked> = self.live_between(&st, from, to).filter(|p| p.entry.dirty).collect();
-                if dirty.len() - window + more.len() > ahead_max {
+                if ahead + more.len() > batch {
                     break;
                 }
+                ahead += more.len();
                 dirty.extend(more);
                 from = to;
             }

@@ -16,23 +16,6 @@ pub(super) struct Elevator {
     plan: VecDeque<u64>,
 }
 
-/// Whether a write-back batch ends early for a writer's reclaim (`destage_blocks_yielding`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Yield {
-    /// A reclaim's own write-back, or one whose every block must be written.
-    Never,
-    /// A background batch: after the wave under way when a writer's reclaim waits.
-    ToReclaim,
-}
-
-/// What a write-back batch did: blocks written back, and the ones a yield left dirty (in
-/// address order).
-#[derive(Debug, Default)]
-pub(super) struct WrittenBack {
-    pub(super) written: usize,
-    pub(super) left: Vec<u64>,
-}
-
 /// Keeps the `cap` blocks of `found` that come first in the elevator's order from `cursor`:
 /// those at or after it by address, then, wrapping, the lowest. With `ordered`, sorted in
 /// that order with duplicates (a block a scan met twice) dropped.
@@ -67,12 +50,7 @@ impl Volume {
         if batch.is_empty() {
             return Ok(0);
         }
-        let done = self.destage_blocks_yielding(batch, Yield::ToReclaim)?;
-        // What a yield left is the plan's next again, in order.
-        for &block in done.left.iter().rev() {
-            elevator.plan.push_front(block);
-        }
-        Ok(done.written)
+        self.destage_blocks(batch)
     }
 
     /// Fills the elevator's plan: the first `ELEVATOR_PLAN_BLOCKS` dirty blocks at or after
@@ -216,18 +194,11 @@ impl Volume {
             );
             (batch, swept_from.unwrap_or(pos), swept_blocks)
         };
-        let done = if batch.is_empty() {
-            WrittenBack::default()
-        } else {
-            self.destage_blocks_yielding(batch, Yield::ToReclaim)?
-        };
+        let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
         let mut st = self.lock();
-        if done.left.is_empty() {
-            // (After a yield, the next round looks at these windows again.)
-            st.precleaned_until = st.precleaned_until.max(until);
-        }
+        st.precleaned_until = st.precleaned_until.max(until);
         st.counters.preclean_swept_blocks += swept;
-        Ok(done.written)
+        Ok(written)
     }
 
     /// Whether sequential write streams (`sweepers`: continued lately, at least a segment
@@ -271,38 +242,23 @@ impl Volume {
     /// taken, in RAM and in the MarkClean entry. The backing flush can take seconds, long
     /// enough for the log to lap and a newer version of the same block to land in the same
     /// slot; a position never repeats, so that newer version stays dirty.
-    pub(super) fn destage_blocks(&self, blocks: Vec<Picked>) -> Result<usize> {
-        Ok(self.destage_blocks_yielding(blocks, Yield::Never)?.written)
-    }
-
-    /// `destage_blocks`; with `Yield::ToReclaim`, the batch ends after the wave under way
-    /// when a writer's reclaim waits for the destage lock (`write_runs`): what it wrote is
-    /// flushed and marked clean, what it left stays dirty (`WrittenBack::left`).
-    pub(super) fn destage_blocks_yielding(&self, mut blocks: Vec<Picked>, yields: Yield) -> Result<WrittenBack> {
+    pub(super) fn destage_blocks(&self, mut blocks: Vec<Picked>) -> Result<usize> {
         let bs = self.bs;
         let started = std::time::Instant::now();
         let started_ns = self.clock.now_ns();
         blocks.sort_unstable_by_key(|p| p.block);
-        if yields == Yield::ToReclaim && self.reclaims_waiting.load(Ordering::Relaxed) > 0 {
-            // A writer's reclaim waits for this lock: it goes first, this batch not begun. (A
-            // yield mid-batch releases the lock, and the next background batch or the next
-            // chunk of `write_back_all` could take it again before the reclaim: a reclaim
-            // waited through up to five yielded batches, found by review.)
-            self.lock().counters.write_back_yields += 1;
-            return Ok(WrittenBack { written: 0, left: blocks.iter().map(|p| p.block).collect() });
-        }
         let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
         let slots: Vec<u32> = blocks.iter().map(|p| p.entry.slot).collect();
         let read = self.read_slots(&slots, &mut data[..blocks.len() * bs]);
         self.cache_io("reading dirty blocks from the cache device", read)?;
-        let mut keep = self.verify_batch(&blocks, &data);
+        let keep = self.verify_batch(&blocks, &data);
         if !keep.iter().any(|&k| k) {
-            return Ok(WrittenBack::default());
+            return Ok(0);
         }
-        let (done, fixed_ns) = self.write_back_kept(&blocks, &data, &mut keep, started, yields)?;
+        let (written, fixed_ns) = self.write_back_kept(&blocks, &data, &keep, started)?;
         let ns = self.clock.now_ns().saturating_sub(started_ns);
-        self.lock().costs.note_write_back_batch(fixed_ns, ns.saturating_sub(fixed_ns), done.written as u64);
-        Ok(done)
+        self.lock().costs.note_write_back_batch(fixed_ns, ns.saturating_sub(fixed_ns), written as u64);
+        Ok(written)
     }
 
     /// `destage_blocks` after verification: the kept blocks to the backing device, flushed,
@@ -312,10 +268,9 @@ impl Volume {
         &self,
         blocks: &[Picked],
         data: &[u8],
-        keep: &mut [bool],
+        keep: &[bool],
         started: std::time::Instant,
-        yields: Yield,
-    ) -> Result<(WrittenBack, u64)> {
+    ) -> Result<(usize, u64)> {
         let t0 = self.clock.now_ns();
         // The versions about to reach the backing device must be durable in the cache's log
         // first: otherwise a crash could keep them on the backing device while the cache
@@ -323,11 +278,7 @@ impl Volume {
         self.cache_io("flushing the cache device before write-back", self.cache.flush())?;
         let fingerprints = self.begin_fingerprint_update(blocks, data, keep)?;
         let t1 = self.clock.now_ns();
-        // (Not where a fingerprint block is in the batch: its update names the content the
-        // whole batch writes.)
-        let yields = if fingerprints.is_some() { Yield::Never } else { yields };
-        let done = self.write_runs(blocks, data, keep, yields)?;
-        let written = done.written;
+        let written = self.write_runs(blocks, data, keep)?;
         let t2 = self.clock.now_ns();
         if !sabotaged!(self, DestageSkipsBackingFlush) {
             self.backing.flush().map_err(EngineError::backing)?;
@@ -338,16 +289,14 @@ impl Volume {
         let fixed_ns = t1.saturating_sub(t0).saturating_add(self.clock.now_ns().saturating_sub(t2));
         let mut st = self.lock();
         st.counters.backing_flushes += 1;
-        st.counters.write_back_yields += u64::from(!done.left.is_empty());
         self.mark_written_clean(&mut st, blocks, keep);
         tracing::debug!(
             picked = blocks.len(),
             written,
-            left = done.left.len(),
             elapsed_us = started.elapsed().as_micros() as u64,
             "write-back batch"
         );
-        Ok((done, fixed_ns))
+        Ok((written, fixed_ns))
     }
 
     /// Which blocks of a batch read into `data` to write back: those whose index entry still
@@ -437,21 +386,16 @@ impl Volume {
     }
 
     /// Writes the kept blocks to the backing device, one write per run of consecutive block
-    /// numbers (the batch is sorted by block). Returns how many blocks were written, and
-    /// after a yield (`Yield::ToReclaim`, a writer's reclaim waiting between two waves) the
-    /// blocks left unwritten, whose `keep` it clears so that they are not marked clean.
-    fn write_runs(&self, blocks: &[Picked], data: &[u8], keep: &mut [bool], yields: Yield) -> Result<WrittenBack> {
+    /// numbers (the batch is sorted by block). Returns how many blocks were written.
+    fn write_runs(&self, blocks: &[Picked], data: &[u8], keep: &[bool]) -> Result<usize> {
         let bs = self.bs;
         let mut i = 0;
         let mut written = 0;
-        // Many runs in flight at once (`write_batch`, a wave at a time): one after another, a
-        // batch of scattered dirty blocks ran at the backing device's queue-depth-1 rate,
-        // which bounded every write workload larger than the cache (issue 13; a crash
-        // meanwhile leaves any subset of them written, which is harmless: nothing is marked
-        // clean before the flush).
+        // Every run in flight at once (`write_batch`): one after another, a batch of scattered
+        // dirty blocks ran at the backing device's queue-depth-1 rate, which bounded every
+        // write workload larger than the cache (issue 13; a crash meanwhile leaves any subset
+        // of them written, which is harmless: nothing is marked clean before the flush).
         let mut runs: Vec<(u64, &[u8])> = Vec::new();
-        // (Each run's blocks, `first..end` in `blocks`, in case a yield leaves it unwritten.)
-        let mut spans: Vec<(usize, usize)> = Vec::new();
         while i < blocks.len() {
             if !keep[i] {
                 i += 1;
@@ -463,44 +407,12 @@ impl Volume {
             }
             i += 1;
             runs.push((blocks[start].block * bs as u64, &data[start * bs..i * bs]));
-            spans.push((start, i));
+            written += i - start;
         }
-        // In waves (`WRITE_BACK_WAVE_MS`): a read miss that arrives meanwhile is served after
-        // the wave under way, not after the whole batch.
-        let mut next = 0;
-        while next < runs.len() {
-            if next > 0 && yields == Yield::ToReclaim && self.reclaims_waiting.load(Ordering::Relaxed) > 0 {
-                let mut left = Vec::new();
-                for &(first, end) in &spans[next..] {
-                    keep[first..end].iter_mut().for_each(|k| *k = false);
-                    left.extend(blocks[first..end].iter().map(|p| p.block));
-                }
-                return Ok(WrittenBack { written, left });
-            }
-            let n = self.write_back_wave_runs().min(runs.len() - next);
-            let t = self.clock.now_ns();
-            for result in self.backing.write_batch(&runs[next..next + n]) {
-                result.map_err(EngineError::backing)?;
-            }
-            self.note_wave(self.clock.now_ns().saturating_sub(t), n);
-            written += spans[next..next + n].iter().map(|&(first, end)| end - first).sum::<usize>();
-            next += n;
+        for result in self.backing.write_batch(&runs) {
+            result.map_err(EngineError::backing)?;
         }
-        Ok(WrittenBack { written, left: Vec::new() })
-    }
-
-    /// Runs the next write-back wave takes: as many as take `WRITE_BACK_WAVE_MS` at the
-    /// fitted time per run (`costs::WaveModel`), within `1..=WRITE_BACK_WAVE_MAX_RUNS`: two or
-    /// three on a disk arm, the cap on a device that serves many at once, however long each
-    /// of its requests takes.
-    fn write_back_wave_runs(&self) -> usize {
-        let waves = *self.waves.lock().expect("wave model");
-        waves.runs(WRITE_BACK_WAVE_MS * 1_000_000, WRITE_BACK_WAVE_UNTIMED_RUNS, WRITE_BACK_WAVE_MAX_RUNS)
-    }
-
-    /// A wave of `runs` runs took `ns`.
-    fn note_wave(&self, ns: u64, runs: usize) {
-        self.waves.lock().expect("wave model").note(ns, runs);
+        Ok(written)
     }
 
     /// The written blocks are on the backing device, flushed: marks clean each one whose
@@ -607,17 +519,11 @@ impl Volume {
             // (Batches sized by time, as the background's: writers' reclaims wait for them.)
             for batch in pending.chunks(self.write_back_batch_blocks()) {
                 let started = std::time::Instant::now();
-                let done_now = {
+                let n = {
                     let _destage = self.lock_destage();
-                    self.destage_blocks_yielding(batch.to_vec(), Yield::ToReclaim)?
+                    self.destage_blocks(batch.to_vec())?
                 };
-                let n = done_now.written;
-                // (A batch that yielded to a writer's reclaim is not an idle pass: the blocks
-                // it left are taken again next pass, after the reclaim.)
-                progressed |= n > 0 || !done_now.left.is_empty();
-                if n == 0 && !done_now.left.is_empty() {
-                    std::thread::yield_now();
-                }
+                progressed |= n > 0;
                 done = (done + n as u64).min(total);
                 if !progress(done, total - done) {
                     self.checkpoint()?;
