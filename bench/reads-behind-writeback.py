@@ -17,7 +17,10 @@ Uses about 700 MiB in DIR (default /var/tmp/tiercache-rbw), removed at the end.
 
 Measured 2026-11-28 (3485cfd, this 2-core VM): read p99 401-405 ms, max 688-696 ms; 88
 reads/s and 60 writes/s. Write-back sends a batch's runs all at once, and the emulated HDD
-serves one request at a time (a 256-block batch books it for about 480 ms)."""
+serves one request at a time: the emulator booked a 256-block batch (about 64 runs of 16 KiB)
+at once, holding the disk about 480 ms, where a FileDevice issues it 32 runs at a time.
+With the emulator booking the same groups of 32 (2026-11-29): read p99 251-253 ms, max
+269-277 ms (one group of 32 scattered runs, about 7.5 ms each); 91-92 reads/s."""
 import argparse, json, os, shutil, statistics, subprocess, sys, time
 
 ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -94,7 +97,7 @@ try:
     print("medians:")
     for name in binaries:
         mine = [x for x in rounds if x["binary"] == name]
-        print(f"{'':>5} {name:>10} " + " ".join(f"{statistics.median(x[c] for x in mine):>13}" for c in cols))
+        print(f"{'':>5} {name:>10} " + " ".join(f"{statistics.median(x[c] for x in mine):>13.1f}" for c in cols))
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"jobs": a.jobs, "seconds": a.seconds, "high_percent": a.high, "rounds": rounds}, f, indent=1)
