@@ -19,7 +19,10 @@
 //!   the cache; while dirty data is above the watermark, write-back is what brings it down
 //!   (checked step by step);
 //! - `the_pre_cleaner_leaves_windows_reclaim_will_copy`: below the watermark the background
-//!   pre-cleaner does not spend backing I/O on a dense stretch that reclaim will copy.
+//!   pre-cleaner does not spend backing I/O on a dense stretch that reclaim will copy;
+//! - `the_pre_cleaner_judges_the_head_again_each_round`: yet each round starts at the head, so
+//!   above the watermark its oldest dirty blocks, which reclaim would write back in a writer's
+//!   path, are written back first.
 
 use std::sync::Arc;
 use tiercache_device::{BlockDevice, SimClock, SimDevice, SimLatency};
@@ -240,4 +243,56 @@ fn the_pre_cleaner_leaves_windows_reclaim_will_copy() {
     }
     assert_eq!(r.backing.stats().writes, before, "the pre-cleaner wrote back what reclaim copies for less");
     check_all(&r.volume, &model);
+}
+
+/// The dirty blocks of the log in log order from the head: (position past the head, block).
+fn dirty_from_head(v: &Volume) -> Vec<(u64, u64)> {
+    let (head, _, _) = v.log_window();
+    let mut dirty: Vec<(u64, u64)> = v
+        .index_snapshot()
+        .into_iter()
+        .filter(|(_, e)| e.dirty)
+        .map(|(b, e)| ((u64::from(e.slot) + LOG_BLOCKS - head % LOG_BLOCKS) % LOG_BLOCKS, b))
+        .collect();
+    dirty.sort_unstable();
+    dirty
+}
+
+#[test]
+fn the_pre_cleaner_judges_the_head_again_each_round() {
+    // Below the watermark the pre-cleaner passes the dense windows that reclaim will copy,
+    // and its next rounds resume after them. Once dirty data goes above the watermark,
+    // reclaim writes such a window back instead, in a writer's path. So every round starts
+    // at the head again: write-back above the watermark (`destage_oldest`, what the
+    // background thread runs there) takes the head's dirty blocks, the oldest, first, not
+    // the ones after where the last round stopped.
+    let r = rig(FAST, SLOW, None);
+    let mut model = vec![0u64; BACKING_BLOCKS as usize];
+    dense_workload(&r, &mut model, 3, |_, _| {});
+    // Rewrites with a background round after each FLUSH, until the head window is dense
+    // right after a round (which judged it one to copy, and went on).
+    let mut dense_head = None;
+    'rounds: for version in 10..30 {
+        for b in (400..540).step_by(2) {
+            r.volume.write(b * BS as u64, &stamps(b, 2, version)).unwrap();
+            r.volume.flush().unwrap();
+            model[b as usize..b as usize + 2].fill(version);
+            r.volume.background_tick().unwrap();
+            let dirty = dirty_from_head(&r.volume);
+            if dirty.iter().take_while(|&&(pos, _)| pos < u64::from(SEGMENT)).count() > 8 {
+                dense_head = Some(dirty);
+                break 'rounds;
+            }
+        }
+    }
+    let before = dense_head.expect("the head never met a dense window right after a round");
+    let writes = r.backing.stats().writes;
+    assert_eq!(r.volume.destage_oldest(8).unwrap(), 8);
+    assert!(r.backing.stats().writes > writes);
+    let after: Vec<u64> = dirty_from_head(&r.volume).into_iter().map(|(_, b)| b).collect();
+    let expected: Vec<u64> = before.iter().skip(8).map(|&(_, b)| b).collect();
+    assert_eq!(after, expected, "the 8 dirty blocks nearest the head were written back, and only they");
+    check_all(&r.volume, &model);
+    let recovered = open(durable_copy(&r.cache), durable_copy(&r.backing));
+    check_all(&recovered, &model);
 }
