@@ -969,6 +969,12 @@ impl Volume {
         self.layout.position_of_slot(e.slot, st.tail)
     }
 
+    /// Whether `p`, picked from the log earlier, is still its block's dirty copy: not
+    /// overwritten, moved, written back, lost, repaired or written around since.
+    fn still_dirty_at(&self, st: &State, p: &Picked) -> bool {
+        st.index.get(p.block).is_some_and(|c| c.dirty && self.position_of(st, &c) == p.position)
+    }
+
     /// Visits the whole index a chunk of about `INDEX_SCAN_CHUNK` buckets at a time, each
     /// chunk under its own state-lock hold: `visit(state, buckets)`. Every entry present
     /// throughout is visited: a chunk runs on to the end of the run of full buckets it ends

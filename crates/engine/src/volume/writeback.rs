@@ -5,6 +5,7 @@
 //! meet dirty) and `write_back_all` (the online and offline flush). Reclaim calls it too when
 //! it meets a mostly dirty window, and so does open's `restore_reclaim_reserve`.
 
+use super::costs::Judge;
 use super::reclaim::DenseChoice;
 use super::*;
 
@@ -172,7 +173,9 @@ impl Volume {
                     // Reclaim's own choice for this window: copied forward up to the cut
                     // (cheaper: no write-back ahead of it), and its next window starts there,
                     // off the segment boundary, as reclaim's will; or written back.
-                    if let DenseChoice::Copy { cut, .. } = self.dense_choice(&st, pos, end, &live, dirty.len()) {
+                    if let DenseChoice::Copy { cut, .. } =
+                        self.dense_choice(&st, Judge::Ahead, pos, end, &live, dirty.len())
+                    {
                         pos = cut;
                         continue;
                     }
@@ -330,9 +333,7 @@ impl Volume {
         {
             let st = self.lock();
             for (i, p) in blocks.iter().enumerate() {
-                let current = st.index.get(p.block);
-                let still = current.is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
-                if !still {
+                if !self.still_dirty_at(&st, p) {
                     continue; // overwritten, moved, lost, repaired or written around meanwhile
                 }
                 if !crc_ok[i] {
@@ -346,9 +347,7 @@ impl Volume {
         for p in suspects {
             let on_backing = self.backing_holds(p.block, p.entry.crc, &mut scratch);
             let mut st = self.lock();
-            let still = st.index.get(p.block).is_some_and(|c| c.dirty && self.position_of(&st, &c) == p.position);
-            let newer_in_flight = st.is_in_flight(p.block);
-            if still && !newer_in_flight {
+            if self.still_dirty_at(&st, &p) && !st.is_in_flight(p.block) {
                 self.settle_bad_dirty_copy(&mut st, p, on_backing);
             }
         }
