@@ -7,33 +7,12 @@
 //! then wrote 250 blocks ahead, 0.3 s more).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tiercache_device::{BlockDevice, MonotonicClock};
 use tiercache_engine::{Volume, VolumeOptions};
 
 mod common;
-use common::holds::Dev;
+use common::holds::{thread_id, wait_until_blocked, Dev};
 use common::*;
-
-/// This thread's id, as /proc names it.
-fn thread_id() -> u64 {
-    let link = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
-    link.file_name().unwrap().to_str().unwrap().parse().unwrap()
-}
-
-/// Waits until thread `tid` of this process has been asleep (blocked) for several looks in a
-/// row: the writer below blocks nowhere but on the destage lock.
-fn wait_until_blocked(tid: u64) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut asleep = 0;
-    while asleep < 5 {
-        assert!(Instant::now() < deadline, "thread {tid} never blocked");
-        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("the thread's stat");
-        let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap();
-        asleep = if state == "S" || state == "D" { asleep + 1 } else { 0 };
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 #[test]
 fn a_writer_whose_window_the_batch_it_waited_for_wrote_back_writes_nothing_ahead() {

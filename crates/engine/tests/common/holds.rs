@@ -293,3 +293,23 @@ impl BlockDevice for LateRead {
         self.inner.atomic_write_bytes()
     }
 }
+
+/// This thread's id, as /proc names it.
+pub fn thread_id() -> u64 {
+    let link = std::fs::read_link("/proc/thread-self").expect("/proc/thread-self");
+    link.file_name().unwrap().to_str().unwrap().parse().unwrap()
+}
+
+/// Waits until thread `tid` of this process has been asleep (blocked) for several looks in a
+/// row (panics after 30 s): for a test whose thread can block in one place only.
+pub fn wait_until_blocked(tid: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut asleep = 0;
+    while asleep < 5 {
+        assert!(std::time::Instant::now() < deadline, "thread {tid} never blocked");
+        let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).expect("the thread's stat");
+        let state = stat.rsplit(')').next().unwrap().split_whitespace().next().unwrap();
+        asleep = if state == "S" || state == "D" { asleep + 1 } else { 0 };
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
