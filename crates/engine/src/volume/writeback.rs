@@ -170,9 +170,11 @@ impl Volume {
                     break;
                 }
                 if dense_only && dense {
-                    // Reclaim's own choice for this window: copied forward up to the cut
-                    // (cheaper: no write-back ahead of it), and its next window starts there,
-                    // off the segment boundary, as reclaim's will; or written back.
+                    // Reclaim's own choice for this window, asked with the pre-cleaner's
+                    // stricter margins (`Judge::Ahead`: what it leaves must still be a copy
+                    // when the head arrives): copied forward up to the cut (cheaper: no
+                    // write-back ahead of it), and its next window starts there, off the
+                    // segment boundary, as reclaim's will; or written back.
                     if let DenseChoice::Copy { cut, .. } =
                         self.dense_choice(&st, Judge::Ahead, pos, end, &live, dirty.len())
                     {
