@@ -5,13 +5,11 @@
 //! writes back what reclaim would copy, the trade 47c6e02 makes (kept, as pinned below).
 
 use std::sync::Arc;
-use tiercache_device::{
-    BlockDevice, EmulatedDevice, MonotonicClock, Profile, ReadRange, SimClock, SimDevice, SimLatency,
-};
+use tiercache_device::{BlockDevice, EmulatedDevice, Profile, ReadRange, SimClock, SimDevice, SimLatency};
 use tiercache_engine::{Volume, VolumeOptions};
 
 mod common;
-use common::holds::{thread_id, wait_until_blocked, Dev};
+use common::holds::{dense_head_volume, reclaim_behind_a_held_batch};
 use common::*;
 
 /// 47c6e02 (b): the early return after a wait, where the batch waited for declared one of the
@@ -20,41 +18,14 @@ use common::*;
 /// loss (never the backing device's stale version), live and after a power cut.
 #[test]
 fn early_return_after_a_batch_that_declared_a_window_block_lost_keeps_the_loss() {
-    let (cache, backing) = devices_seg(16, 16, 4096, log_only());
-    let held = Dev::new(&backing);
-    let c: Arc<dyn BlockDevice> = cache.clone();
-    let b: Arc<dyn BlockDevice> = held.clone();
-    let v = Arc::new(Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0);
-    let mut model = Model::new();
-    let mut next = 0;
-    while v.log_window().2 + 16 < 256 {
-        write_flush(&v, &mut model, next, 15, 1);
-        next += 15;
-    }
-    assert_eq!(v.log_window().0, 0);
+    let (cache, backing, held, v, mut model) = dense_head_volume();
     // Block 5's cached copy rots: the batch below finds it and, the backing device holding an
     // older version, declares it lost.
     corrupt_cached_block(&cache, &v, 5);
     model.remove(&5);
-    let hold = held.hold_write_of(0);
-    let batch = on_thread(&v, |v| v.destage_oldest(15));
-    held.wait_held(hold);
-    assert_eq!(v.lost_blocks(), vec![5]);
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let writer = on_thread(&v, move |v| {
-        tid_tx.send(thread_id()).unwrap();
-        let mut m = Model::new();
-        let mut b = 2000;
-        while v.log_window().0 == 0 {
-            write_flush(v, &mut m, b, 1, 2);
-            b += 1;
-        }
-        m
-    });
-    wait_until_blocked(tid_rx.recv().unwrap());
-    held.release(hold);
-    assert_eq!(batch.join().unwrap().unwrap(), 14);
-    model.extend(writer.join().unwrap());
+    let (written, wrote) = reclaim_behind_a_held_batch(&v, &held, 15, || assert_eq!(v.lost_blocks(), vec![5]));
+    assert_eq!(written, 14);
+    model.extend(wrote);
     assert!(v.log_window().0 >= 16);
     let dirty = dirty_blocks(&v);
     for b in 15..30 {
@@ -72,35 +43,10 @@ fn early_return_after_a_batch_that_declared_a_window_block_lost_keeps_the_loss()
 /// and nothing is lost live or after a power cut.
 #[test]
 fn a_batch_that_wrote_part_of_the_window_leaves_the_rest_to_the_writer() {
-    let (cache, backing) = devices_seg(16, 16, 4096, log_only());
-    let held = Dev::new(&backing);
-    let c: Arc<dyn BlockDevice> = cache.clone();
-    let b: Arc<dyn BlockDevice> = held.clone();
-    let v = Arc::new(Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0);
-    let mut model = Model::new();
-    let mut next = 0;
-    while v.log_window().2 + 16 < 256 {
-        write_flush(&v, &mut model, next, 15, 1);
-        next += 15;
-    }
-    let hold = held.hold_write_of(0);
-    let batch = on_thread(&v, |v| v.destage_oldest(10));
-    held.wait_held(hold);
-    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
-    let writer = on_thread(&v, move |v| {
-        tid_tx.send(thread_id()).unwrap();
-        let mut m = Model::new();
-        let mut b = 2000;
-        while v.log_window().0 == 0 {
-            write_flush(v, &mut m, b, 1, 2);
-            b += 1;
-        }
-        m
-    });
-    wait_until_blocked(tid_rx.recv().unwrap());
-    held.release(hold);
-    assert_eq!(batch.join().unwrap().unwrap(), 10);
-    model.extend(writer.join().unwrap());
+    let (cache, backing, held, v, mut model) = dense_head_volume();
+    let (written, wrote) = reclaim_behind_a_held_batch(&v, &held, 10, || {});
+    assert_eq!(written, 10);
+    model.extend(wrote);
     assert!(v.log_window().0 >= 16);
     for b in 10..15 {
         assert_eq!(backing_version(&backing, b), Some(1), "block {b} written back by the writer");

@@ -313,3 +313,55 @@ pub fn wait_until_blocked(tid: u64) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The reclaim-after-a-wait tests' volume: a 256-block log of 16-block segments over a backing
+/// device behind a `Dev` (any backing I/O can be held), filled with records of 15 dirty blocks
+/// (blocks 0.., version 1), so that every window at the head is dense; no write-back timed
+/// yet, so reclaim writes dense windows back. (cache, backing, held, volume, model).
+pub fn dense_head_volume() -> (Arc<SimDevice>, Arc<SimDevice>, Arc<Dev>, Arc<Volume>, Model) {
+    let (cache, backing) = devices_seg(16, 16, 4096, log_only());
+    let held = Dev::new(&backing);
+    let c: Arc<dyn BlockDevice> = cache.clone();
+    let b: Arc<dyn BlockDevice> = held.clone();
+    let v = Arc::new(Volume::open(c, b, Arc::new(MonotonicClock::new()), VolumeOptions::default()).expect("open").0);
+    let mut model = Model::new();
+    let mut next = 0;
+    while v.log_window().2 + 16 < 256 {
+        write_flush(&v, &mut model, next, 15, 1);
+        next += 15;
+    }
+    assert_eq!(v.log_window().0, 0);
+    (cache, backing, held, v, model)
+}
+
+/// A write-back batch of `batch` blocks from the head (`destage_oldest`) held at its backing
+/// write of block 0, with the destage lock; `while_held` runs then; a writer then writes one
+/// block at a time (blocks 2000.., version 2) until the head moves, its one reclaim meeting the
+/// dense head window and waiting for the destage lock; once it is seen blocked, the batch goes
+/// on. Returns what the batch wrote and what the writer wrote.
+pub fn reclaim_behind_a_held_batch(
+    v: &Arc<Volume>,
+    held: &Dev,
+    batch: usize,
+    while_held: impl FnOnce(),
+) -> (usize, Model) {
+    let hold = held.hold_write_of(0);
+    let batch = on_thread(v, move |v| v.destage_oldest(batch));
+    held.wait_held(hold);
+    while_held();
+    let (tid_tx, tid_rx) = std::sync::mpsc::channel();
+    let writer = on_thread(v, move |v| {
+        tid_tx.send(thread_id()).unwrap();
+        let mut m = Model::new();
+        let mut b = 2000;
+        while v.log_window().0 == 0 {
+            write_flush(v, &mut m, b, 1, 2);
+            b += 1;
+        }
+        m
+    });
+    wait_until_blocked(tid_rx.recv().unwrap());
+    held.release(hold);
+    let written = batch.join().unwrap().unwrap();
+    (written, writer.join().unwrap())
+}
