@@ -213,6 +213,14 @@ impl ReclaimCosts {
 mod tests {
     use super::*;
 
+    /// Costs with one write-back and one copy timed: `write_back_ns` and `copy_ns` a block.
+    fn timed(write_back_ns: u64, copy_ns: u64) -> ReclaimCosts {
+        let mut c = ReclaimCosts::default();
+        c.note_write_back(write_back_ns, 1);
+        c.note_copy(copy_ns, 1);
+        c
+    }
+
     #[test]
     fn nothing_is_copied_until_a_write_back_was_timed() {
         let mut c = ReclaimCosts::default();
@@ -226,23 +234,17 @@ mod tests {
 
     #[test]
     fn the_cheaper_way_wins_with_a_margin() {
-        let mut c = ReclaimCosts::default();
         // A slow backing device: 5 ms a block written back, 20 us a block copied.
-        c.note_write_back(5_000_000, 1);
-        c.note_copy(20_000, 1);
+        let c = timed(5_000_000, 20_000);
         assert!(c.copy_is_cheaper(Judge::AtTheHead, 128, 40, 150, 170));
         // Comparable devices: copying 128 blocks to free 40 is not worth it.
-        let mut c = ReclaimCosts::default();
-        c.note_write_back(20_000, 1);
-        c.note_copy(20_000, 1);
+        let c = timed(20_000, 20_000);
         assert!(!c.copy_is_cheaper(Judge::AtTheHead, 128, 40, 150, 170));
         // Equal costs per block: 11 blocks written to free 100 (0.11 a freed block) against
         // 10 written back to free 120 (0.083): write back. Against 30 written back (0.25):
         // copying costs 0.44 of it, inside the margin of 2: copy. Against 20 (0.167): 0.66,
         // not cheap enough.
-        let mut c = ReclaimCosts::default();
-        c.note_write_back(10_000, 1);
-        c.note_copy(10_000, 1);
+        let c = timed(10_000, 10_000);
         assert!(!c.copy_is_cheaper(Judge::AtTheHead, 10, 100, 10, 120));
         assert!(c.copy_is_cheaper(Judge::AtTheHead, 10, 100, 30, 120));
         assert!(!c.copy_is_cheaper(Judge::AtTheHead, 10, 100, 20, 120));
@@ -264,14 +266,10 @@ mod tests {
         // 0.43 copies, 6.9 with the margin of 16, against 9.8 for writing this window back:
         // copied. With half the log dirty, 16 against 9.8: written back. At equal costs,
         // never.
-        let mut c = ReclaimCosts::default();
-        c.note_write_back(100_000, 1);
-        c.note_copy(10_000, 1);
+        let c = timed(100_000, 10_000);
         assert!(c.copy_through_is_cheaper(Judge::AtTheHead, 128, 130, 300, 1000));
         assert!(!c.copy_through_is_cheaper(Judge::AtTheHead, 128, 130, 500, 1000));
-        let mut c = ReclaimCosts::default();
-        c.note_write_back(10_000, 1);
-        c.note_copy(10_000, 1);
+        let c = timed(10_000, 10_000);
         assert!(!c.copy_through_is_cheaper(Judge::AtTheHead, 128, 130, 100, 1000));
     }
 
@@ -283,16 +281,12 @@ mod tests {
         // back a window 82 % dirty: reclaim copies. The pre-cleaner, with twice the margin
         // (39), writes it back ahead of the head instead of leaving it to a copy that the
         // next look may turn into a write-back in a writer's path.
-        let mut c = ReclaimCosts::default();
-        c.note_write_back(800_000, 1);
-        c.note_copy(20_000, 1);
+        let c = timed(800_000, 20_000);
         assert!(c.copy_through_is_cheaper(Judge::AtTheHead, 210, 256, 550, 1000));
         assert!(!c.copy_through_is_cheaper(Judge::Ahead, 210, 256, 550, 1000));
         // Far cheaper copies (250 times): both leave it to be copied, up to the pre-cleaner's
         // lower cap.
-        let mut c = ReclaimCosts::default();
-        c.note_write_back(5_000_000, 1);
-        c.note_copy(20_000, 1);
+        let c = timed(5_000_000, 20_000);
         assert!(c.copy_through_is_cheaper(Judge::Ahead, 210, 256, 550, 1000));
         assert!(c.copy_through_is_cheaper(Judge::Ahead, 210, 256, 750, 1000));
         assert!(!c.copy_through_is_cheaper(Judge::Ahead, 210, 256, 751, 1000));
@@ -300,9 +294,7 @@ mod tests {
         // A window short enough to judge alone: the margin doubles from 2 to 4. Copying 128
         // blocks to free 40 of a 170-block window holding 150 dirty, with a write-back 10
         // times the copy's cost per block: 0.37 of the write-back's cost per block freed.
-        let mut c = ReclaimCosts::default();
-        c.note_write_back(200_000, 1);
-        c.note_copy(20_000, 1);
+        let c = timed(200_000, 20_000);
         assert!(c.copy_is_cheaper(Judge::AtTheHead, 128, 40, 150, 170));
         assert!(!c.copy_is_cheaper(Judge::Ahead, 128, 40, 150, 170));
     }
