@@ -108,10 +108,15 @@ pub struct Status {
     pub reclaim_write_back_us_per_block: Option<f64>,
     #[serde(default)]
     pub reclaim_copy_us_per_block: Option<f64>,
-    /// Blocks a write-back batch takes now: about 25 ms of write-back at the measured costs
-    /// (256 to 4,096).
+    /// Blocks a writer's reclaim write-back batch takes now: about 25 ms of write-back at the
+    /// measured costs (256 to 4,096).
     #[serde(default)]
     pub write_back_batch_blocks: u64,
+    /// Blocks a background write-back batch (the pre-cleaner's, the destager's: the batch a
+    /// writer's reclaim may find under way and wait for) takes now: sized the same way, 64 to
+    /// 4,096.
+    #[serde(default)]
+    pub background_batch_blocks: u64,
     pub log_head: u64,
     pub log_tail: u64,
     pub log_used_permille: u64,

@@ -379,9 +379,10 @@ fn write_back_batches_are_sized_by_the_backing_devices_measured_pace() {
         }
     }
     assert!(rounds.len() >= 2, "write-back ran over several rounds: {rounds:?}");
-    // The first round: the untimed batch, then batches at the floor (1,024 + 3 x 256).
-    assert!(rounds[0].0 > 4 * 256, "the untimed first batch is larger: {rounds:?}");
-    assert!(rounds[1..].iter().all(|&(n, b)| n <= 256 * b), "timed batches at the floor: {rounds:?}");
+    // The first round: the untimed batch, then batches at the background's floor (1,024 +
+    // 3 x 64).
+    assert!(rounds[0].0 > 1024, "the untimed first batch is larger: {rounds:?}");
+    assert!(rounds[1..].iter().all(|&(n, b)| n <= 64 * b), "timed batches at the floor: {rounds:?}");
     assert!(volume.status().dirty_blocks <= 410, "down to the low watermark");
     for b in (0..6000).step_by(2) {
         let mut one = vec![0u8; BS];
@@ -394,9 +395,10 @@ fn write_back_batches_are_sized_by_the_backing_devices_measured_pace() {
 fn a_writers_reclaim_waits_for_a_batch_sized_by_time() {
     // Above the high watermark, the background thread writes back batch after batch; a
     // writer whose reclaim meets dirty blocks at the head needs the destage lock too, and
-    // waits for the batch under way. Sized by its measured cost, that batch is 256 blocks at
-    // 1 ms each here (the floor), not the 2,800 dirty blocks of the head (as many as a
-    // 4,096-block cap takes: 2.8 s). Measured in the volume's virtual time
+    // waits for the batch under way. Sized by its measured cost, that batch is 64 blocks at
+    // 1 ms each here (the background's floor, `DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS`), not the
+    // 2,800 dirty blocks of the head (as many as a 4,096-block cap takes: 2.8 s), nor the
+    // 256 of a writer's own reclaim batch. Measured in the volume's virtual time
     // (`reclaim_destage_wait_max_us`) over seeded interleavings.
     let mut worst_us = 0;
     let mut waited = 0;
@@ -454,7 +456,7 @@ fn a_writers_reclaim_waits_for_a_batch_sized_by_time() {
         }
     }
     assert!(waited > 4, "reclaims met dirty windows and wrote them back in {waited} of 24 runs");
-    // One batch under way (256 ms of backing writes and its flush, and the cache I/O the
-    // writers meanwhile did), never two.
-    assert!(worst_us < 2 * 256_000, "a reclaim waited {worst_us} us for the destage lock");
+    // One background batch under way (64 ms of backing writes and its flush, and the cache
+    // I/O the writers meanwhile did), never two, nor one of 256 blocks.
+    assert!(worst_us < 2 * 64_000, "a reclaim waited {worst_us} us for the destage lock");
 }

@@ -74,7 +74,10 @@ impl Volume {
     /// one batch per period.
     fn write_back_above_watermark(&self, low: u64) -> Result<()> {
         for _ in 0..PRECLEAN_BATCHES_PER_TICK {
-            let batch = self.write_back_batch_blocks();
+            if self.reclaim_waits_for_destage() {
+                break;
+            }
+            let batch = self.background_batch_blocks();
             if self.destage_oldest(batch)? == 0 && self.destage_step(batch)? == 0 {
                 break;
             }
@@ -96,7 +99,7 @@ impl Volume {
                 let st = self.lock();
                 st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st)
             };
-            if !short || self.preclean(self.write_back_batch_blocks(), true)? == 0 {
+            if !short || self.reclaim_waits_for_destage() || self.preclean(self.background_batch_blocks(), true)? == 0 {
                 break;
             }
         }

@@ -533,7 +533,7 @@ impl Volume {
             pending.sort_unstable_by_key(|p| p.block);
             let mut progressed = false;
             // (Batches sized by time, as the background's: writers' reclaims wait for them.)
-            for batch in pending.chunks(self.write_back_batch_blocks()) {
+            for batch in pending.chunks(self.background_batch_blocks()) {
                 let started = std::time::Instant::now();
                 let n = {
                     let _destage = self.lock_destage();
