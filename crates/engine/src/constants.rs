@@ -38,15 +38,20 @@ pub const DESTAGE_BATCH_MS: u64 = 25;
 pub const DESTAGE_BATCH_MIN_BLOCKS: usize = 256;
 
 /// The fewest blocks a background write-back batch takes (the pre-cleaner's, the destager's
-/// above the high watermark, `write_back_all`'s). A writer whose reclaim needs the destage
+/// above the high watermark). A writer whose reclaim needs the destage
 /// lock waits for the batch under way: on a slow disk a batch of `DESTAGE_BATCH_MIN_BLOCKS`
 /// scattered blocks takes about 0.5 s (the hdd profile, 4 ms a block, mostly rotation),
 /// and MariaDB's writers stood still behind them (`bench/seeds.py dirty`, 20 % high
 /// watermark: 6-15 seconds at zero tps in 150 s over four runs; 0-4 with this floor). A
 /// quarter of the batch is a quarter of the wait; the blocks cost the same each, as the disk's
-/// rotation, not its seeks, dominates.
-/// A writer's own reclaim batch keeps the larger floor: it is paid by the writer that needs
-/// the room, and it takes the segments ahead along so that the next reclaims find them clean.
+/// rotation, not its seeks, dominates. A writer's own reclaim batch keeps the larger floor:
+/// it is paid by the writer that needs the room, and it takes the segments ahead along so
+/// that the next reclaims find them clean; and `write_back_all`, which no writer waits for
+/// (a backing flush per 64 blocks made a flush 38 % slower over a disk whose flush takes 15
+/// ms). The trade: a dense window of about 247 dirty blocks (a 256-block segment) is written
+/// back 64 at a time until the rest is sparse (`copy_forward_max`), which the writer's
+/// reclaim then copies forward: more copies on the fast device, not more time for the writer
+/// (`adversarial_background_batches.rs`).
 pub const DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS: usize = 64;
 
 /// The elevator's plan (`destage_step`): the next dirty blocks in address order from its

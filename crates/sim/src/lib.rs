@@ -1725,18 +1725,20 @@ mod tests {
     /// concurrency and corruption. It is rare here (a margin of 16 over the measured costs):
     /// `tiercache torture` found it in seeds 34, 45, 63 and 79 of 0..100 (35 and 54 when
     /// written; 25, 30 and 65 after the simulated cache served scatter and batched reads as
-    /// one I/O each, which changed the devices' random streams; these since the state lock
-    /// is taken a chunk of the index or a segment of reclaim's window at a time, which moved
-    /// the scheduler's switches); each passes.
+    /// one I/O each, which changed the devices' random streams; 34 and 63 since the state
+    /// lock is taken a chunk of the index or a segment of reclaim's window at a time, which
+    /// moved the scheduler's switches; these of 0..56 since a write-back that is not a
+    /// writer's reclaim lets a waiting reclaim take the destage lock first, which moved them
+    /// again); each passes.
     #[test]
     fn dense_windows_copied_over_the_lap_pass() {
         let mut throughs = 0;
-        for seed in [34, 63] {
+        for seed in [35, 44] {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
             throughs += r.dense_copy_throughs;
         }
-        assert!(throughs > 0, "no dense window copied over the lap in seeds 34 and 63: the test proves nothing");
+        assert!(throughs > 0, "no dense window copied over the lap in seeds 35 and 44: the test proves nothing");
     }
 
     /// Probation batches a reader handed to the record writer actor (`Volume::

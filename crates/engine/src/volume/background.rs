@@ -99,7 +99,10 @@ impl Volume {
                 let st = self.lock();
                 st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st)
             };
-            if !short || self.reclaim_waits_for_destage() || self.preclean(self.background_batch_blocks(), true)? == 0 {
+            if !short || self.reclaim_waits_for_destage() {
+                break;
+            }
+            if self.preclean(self.background_batch_blocks(), true)? == 0 {
                 break;
             }
         }

@@ -256,10 +256,13 @@ impl Volume {
     /// part clean, which it copies forward instead of freeing; and a window as dirty as a
     /// whole batch must not leave the segments after it to a backing flush each.
     fn write_back_for_reclaim(&self, mut dirty: Vec<Picked>, new_head: u64) -> Result<()> {
+        let waited = std::time::Instant::now();
         let _destage = self.lock_destage_for_reclaim();
+        let waited_us = waited.elapsed().as_micros() as u64;
         let batch = self.write_back_batch_blocks();
         {
             let st = self.lock();
+            let picked = dirty.len();
             // The batch this writer waited for may have written the window back (the
             // pre-cleaner takes the dense windows at the head first): then nothing here is
             // left to write, and the segments after it are the pre-cleaner's to write, not
@@ -268,6 +271,16 @@ impl Volume {
             // (No other dirty block lies in the window: a position turns dirty only when its
             // record is installed, and the window lies behind the tail.)
             dirty.retain(|p| self.still_dirty_at(&st, p));
+            // (Why a writer writes back: the pre-cleaner had not reached the window, or had
+            // judged it a copy (`precleaned_until` past it); and what it waited for first.)
+            tracing::debug!(
+                picked,
+                still_dirty = dirty.len(),
+                waited_us,
+                new_head,
+                precleaned_until = st.precleaned_until,
+                "reclaim write-back"
+            );
             if dirty.is_empty() {
                 return Ok(());
             }

@@ -40,7 +40,7 @@ impl Volume {
     /// out: the scan looks at every bucket, so one per batch held the state lock about 10 ms
     /// a batch on a 1 GiB cache (every reader and writer waited that long behind it).
     pub fn destage_step(&self, max_blocks: usize) -> Result<usize> {
-        let mut elevator = self.lock_destage();
+        let mut elevator = self.lock_destage_behind_reclaims();
         self.lock().check_poisoned()?;
         let mut batch = self.take_planned(&mut elevator, max_blocks)?;
         if batch.is_empty() {
@@ -110,7 +110,7 @@ impl Volume {
     /// its few dirty blocks, less than a write-back (the pre-cleaner below the watermark
     /// chooses the cheaper of the two this way).
     pub(super) fn preclean(&self, max_blocks: usize, dense_only: bool) -> Result<usize> {
-        let _elevator = self.lock_destage();
+        let _elevator = self.lock_destage_behind_reclaims();
         let (batch, until, swept) = {
             let st = self.lock();
             st.check_poisoned()?;
@@ -532,11 +532,14 @@ impl Volume {
             }
             pending.sort_unstable_by_key(|p| p.block);
             let mut progressed = false;
-            // (Batches sized by time, as the background's: writers' reclaims wait for them.)
-            for batch in pending.chunks(self.background_batch_blocks()) {
+            // (Batches sized by time, as a writer's reclaim's, with its floor: a reclaim that
+            // comes meanwhile waits for the batch under way, then goes first. The background's
+            // lower floor cost a flush with no writer waiting 38 % more time over a backing
+            // device whose flush takes 15 ms, four times the backing flushes.)
+            for batch in pending.chunks(self.write_back_batch_blocks()) {
                 let started = std::time::Instant::now();
                 let n = {
-                    let _destage = self.lock_destage();
+                    let _destage = self.lock_destage_behind_reclaims();
                     self.destage_blocks(batch.to_vec())?
                 };
                 progressed |= n > 0;
