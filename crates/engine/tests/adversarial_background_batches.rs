@@ -105,33 +105,6 @@ fn rig(
     Rig { clock, cache, backing, v }
 }
 
-/// Writes every other block of `from..from + 2 * n` at `version` (each its own backing write),
-/// one block a request, a FLUSH every 32 (records of 32 dirty blocks and a header); notes
-/// each in `model` once flushed.
-fn write_scattered(v: &Volume, model: &mut [u64], from: u64, n: u64, version: u64) {
-    let mut since = Vec::new();
-    for k in 0..n {
-        let b = from + 2 * k;
-        v.write(b * BS as u64, &stamp(b, version)).unwrap();
-        since.push(b);
-        if k % 32 == 31 || k + 1 == n {
-            v.flush().unwrap();
-            for &b in &since {
-                model[b as usize] = version;
-            }
-            since.clear();
-        }
-    }
-}
-
-fn check_all(v: &Volume, model: &[u64], what: &str) {
-    let mut buf = vec![0u8; BS];
-    for (b, &version) in model.iter().enumerate() {
-        v.read(b as u64 * BS as u64, &mut buf).unwrap_or_else(|e| panic!("{what}: block {b}: {e}"));
-        assert_eq!(version_of(b as u64, &buf), Some(version), "{what}: block {b}");
-    }
-}
-
 /// After a power cut: every block reads a version at least the one flushed (`model`) and at
 /// most `newest` (a write not yet flushed may or may not have survived).
 fn check_recovered(v: &Volume, model: &[u64], newest: u64, what: &str) {
@@ -169,13 +142,29 @@ fn held_rig(wm: (u16, u16)) -> Held {
     let dev = Dev::new(&backing);
     let v = open_on(&cache, dev.clone(), &clock, options(wm, None));
     let mut model = vec![0u64; 4096];
-    write_scattered(&v, &mut model, 2000, 420, 1);
-    write_scattered(&v, &mut model, 0, 420, 1);
+    write_scattered_flushed(&v, &mut model, 2000, 420, 1);
+    write_scattered_flushed(&v, &mut model, 0, 420, 1);
     assert_eq!(v.destage_step(1).unwrap(), 1);
     assert_eq!(v.status().background_batch_blocks, 64);
     assert_eq!(v.status().write_back_batch_blocks, 256);
     assert_eq!(v.log_window().0, 0, "no reclaim yet");
     Held { clock, cache, backing, dev, v: Arc::new(v), model }
+}
+
+/// A writer: blocks 3900.. at version 2, each written and flushed, until its reclaim has
+/// moved the log head. Returns the blocks it wrote and flushed, and the error that stopped it.
+fn write_until_the_head_moves(v: &Volume) -> (Vec<u64>, Option<EngineError>) {
+    let head = v.log_window().0;
+    let mut wrote = Vec::new();
+    let mut blk = 3900;
+    while v.log_window().0 == head {
+        if let Err(e) = v.write(blk * BS as u64, &stamp(blk, 2)).and_then(|()| v.flush()) {
+            return (wrote, Some(e));
+        }
+        wrote.push(blk);
+        blk += 1;
+    }
+    (wrote, None)
 }
 
 /// `batch` runs on a thread of its own and its first backing write is held (with the destage
@@ -194,17 +183,7 @@ fn behind_a_held<T: Send + 'static>(
     let (tx, rx) = std::sync::mpsc::channel();
     let writer = on_thread(&h.v, move |v| {
         tx.send(thread_id()).unwrap();
-        let head = v.log_window().0;
-        let mut wrote = Vec::new();
-        let mut blk = 3900;
-        while v.log_window().0 == head {
-            if let Err(e) = v.write(blk * BS as u64, &stamp(blk, 2)).and_then(|()| v.flush()) {
-                return (wrote, Some(e));
-            }
-            wrote.push(blk);
-            blk += 1;
-        }
-        (wrote, None)
+        write_until_the_head_moves(v)
     });
     let tid = rx.recv().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(20));
@@ -247,7 +226,7 @@ fn a_reclaim_behind_a_held_background_batch_waits_for_that_batch_only() {
     for b in wrote {
         model[b as usize] = 2;
     }
-    check_all(&h.v, &model, "after the wait");
+    check_versions(&h.v, &model, "after the wait");
     let recovered = open(durable_copy(&h.cache), durable_copy(&h.backing));
     check_recovered(&recovered, &model, 2, "after a power cut");
 }
@@ -282,7 +261,7 @@ fn a_reclaim_behind_flush_all_waits_for_one_batch_only() {
         for b in wrote {
             model[b as usize] = 2;
         }
-        check_all(&h.v, &model, "after the flush");
+        check_versions(&h.v, &model, "after the flush");
     }
     eprintln!("reclaim waits behind flush_all: {waits:?} us");
     let waited = *waits.iter().max().unwrap();
@@ -333,15 +312,8 @@ fn a_reclaim_behind_a_background_batch_and_a_queued_online_flush() {
     let (tx, rx) = std::sync::mpsc::channel();
     let writer = on_thread(&h.v, move |v| {
         tx.send(thread_id()).unwrap();
-        let head = v.log_window().0;
-        let mut wrote = Vec::new();
-        let mut blk = 3900;
-        while v.log_window().0 == head {
-            v.write(blk * BS as u64, &stamp(blk, 2)).unwrap();
-            v.flush().unwrap();
-            wrote.push(blk);
-            blk += 1;
-        }
+        let (wrote, error) = write_until_the_head_moves(v);
+        assert!(error.is_none(), "{error:?}");
         wrote
     });
     wait_until_blocked(rx.recv().unwrap());
@@ -351,7 +323,7 @@ fn a_reclaim_behind_a_background_batch_and_a_queued_online_flush() {
     flusher.join().unwrap().unwrap();
     let mut model = h.model.clone();
     wrote.iter().for_each(|&b| model[b as usize] = 2);
-    check_all(&h.v, &model, "after the flush");
+    check_versions(&h.v, &model, "after the flush");
     let waited = wait_us(&h.v);
     assert!(
         waited < ONE_BATCH_US * 3 / 2,
@@ -371,12 +343,12 @@ fn sched_volume(wm: (u16, u16), head_high: bool) -> Arc<Volume> {
     if head_high {
         // (The head's blocks at the highest addresses: `write_back_all`, in address order,
         // reaches them last, so the writer's reclaim meets them dirty while it runs.)
-        write_scattered(&r.v, &mut model, 6000, 1400, 1);
-        write_scattered(&r.v, &mut model, 1024, 1400, 1);
+        write_scattered_flushed(&r.v, &mut model, 6000, 1400, 1);
+        write_scattered_flushed(&r.v, &mut model, 1024, 1400, 1);
     } else {
-        write_scattered(&r.v, &mut model, 1024, 2800, 1);
+        write_scattered_flushed(&r.v, &mut model, 1024, 2800, 1);
     }
-    write_scattered(&r.v, &mut model, 0, 256, 1);
+    write_scattered_flushed(&r.v, &mut model, 0, 256, 1);
     r.v.destage_step(256).unwrap();
     assert_eq!(r.v.status().background_batch_blocks, 64);
     let mut buf = vec![0u8; 16 * BS];
@@ -546,7 +518,7 @@ fn a_dense_window_the_pre_cleaner_begins_is_left_to_the_writers_copy() {
     for bounds in [Some((256, 4096)), None] {
         let r = rig(256, 4096, 16384, HDD, (950, 990), bounds);
         let mut model = vec![0u64; 16384];
-        write_scattered(&r.v, &mut model, 0, 3700, 1);
+        write_scattered_flushed(&r.v, &mut model, 0, 3700, 1);
         assert_eq!(r.v.destage_step(1).unwrap(), 1);
         let floor = r.v.status().background_batch_blocks;
         assert_eq!(floor, if bounds.is_some() { 256 } else { 64 });
@@ -556,10 +528,10 @@ fn a_dense_window_the_pre_cleaner_begins_is_left_to_the_writers_copy() {
         let (d0, c0) = (r.v.status().dirty_blocks, r.v.status().counters);
         r.v.background_tick().unwrap();
         let (precleaned, left) = (d0 - r.v.status().dirty_blocks, window_dirty(&r.v));
-        write_scattered(&r.v, &mut model, 7400, 160, 2);
+        write_scattered_flushed(&r.v, &mut model, 7400, 160, 2);
         let c = r.v.status().counters;
         assert!(r.v.log_window().0 >= 256, "the writer's reclaims took the head window");
-        check_all(&r.v, &model, "after the writer");
+        check_versions(&r.v, &model, "after the writer");
         let copied = c.copied_forward_blocks - c0.copied_forward_blocks;
         eprintln!(
             "floor {floor}: the head window had {before} dirty, the round wrote back {precleaned} and left it {left}; the writer's reclaims copied {copied}, wrote back {}",
@@ -593,7 +565,7 @@ struct Lanes {
 fn two_lanes(bounds: Option<(usize, usize)>, wm: (u16, u16), bursts: u64) -> Lanes {
     let r = rig(256, 4096, 16384, HDD, wm, bounds);
     let mut model = vec![0u64; 16384];
-    write_scattered(&r.v, &mut model, 0, 3700, 1);
+    write_scattered_flushed(&r.v, &mut model, 0, 3700, 1);
     assert_eq!(r.v.destage_step(1).unwrap(), 1);
     let (c0, f0) = (r.v.status().counters, r.backing.stats().flushes);
     let (mut writer, mut background, mut worst) = (0u64, 0u64, 0u64);
@@ -605,12 +577,12 @@ fn two_lanes(bounds: Option<(usize, usize)>, wm: (u16, u16), bursts: u64) -> Lan
             background = if d < 1_000_000 { writer } else { background + d };
         }
         let t = r.clock.now_ns();
-        write_scattered(&r.v, &mut model, 7400 + (k * 64) % 8000, 32, 2 + k);
+        write_scattered_flushed(&r.v, &mut model, 7400 + (k * 64) % 8000, 32, 2 + k);
         let d = r.clock.now_ns() - t;
         worst = worst.max(d);
         writer += d;
     }
-    check_all(&r.v, &model, "two lanes");
+    check_versions(&r.v, &model, "two lanes");
     let c = r.v.status().counters;
     Lanes {
         copied: c.copied_forward_blocks - c0.copied_forward_blocks,
@@ -673,17 +645,17 @@ fn perf_a_flush_no_writer_waits_for_pays_the_background_floor() {
     for bounds in [None, Some((256, 4096))] {
         let r = rig(256, 4096, 16384, FLUSH_15MS, (950, 990), bounds);
         let mut model = vec![0u64; 16384];
-        write_scattered(&r.v, &mut model, 0, 1500, 1);
+        write_scattered_flushed(&r.v, &mut model, 0, 1500, 1);
         r.v.flush_all(|_, _| {}).unwrap();
-        write_scattered(&r.v, &mut model, 1, 3000, 2);
+        write_scattered_flushed(&r.v, &mut model, 1, 3000, 2);
         let (t0, f0) = (r.clock.now_ns(), r.backing.stats().flushes);
         r.v.flush_all(|_, _| {}).unwrap();
         let (ms, flushes) = ((r.clock.now_ns() - t0) / 1_000_000, r.backing.stats().flushes - f0);
-        check_all(&r.v, &model, "after the flush");
+        check_versions(&r.v, &model, "after the flush");
         // The destager above the high watermark: 3,000 dirty blocks, watermarks 10 %/20 %.
         let d = rig(256, 4096, 16384, FLUSH_15MS, (100, 200), bounds);
         let mut dm = vec![0u64; 16384];
-        write_scattered(&d.v, &mut dm, 0, 3000, 1);
+        write_scattered_flushed(&d.v, &mut dm, 0, 3000, 1);
         assert_eq!(d.v.destage_step(1).unwrap(), 1);
         let t1 = d.clock.now_ns();
         for _ in 0..200 {
@@ -807,19 +779,11 @@ fn a_reclaim_panicking_at_the_destage_lock_cannot_starve_a_working_volume() {
     let p = Arc::new(Panicky { inner: backing, armed: AtomicBool::new(false) });
     let v = open_on(&cache, p.clone(), &clock, options((100, 200), None));
     let mut model = vec![0u64; 4096];
-    write_scattered(&v, &mut model, 0, 840, 1);
+    write_scattered_flushed(&v, &mut model, 0, 840, 1);
     v.destage_step(1).unwrap();
     p.armed.store(true, Ordering::SeqCst);
     assert!(catch_unwind(AssertUnwindSafe(|| v.background_tick())).is_err(), "the batch panicked");
-    let writer = catch_unwind(AssertUnwindSafe(|| {
-        let head = v.log_window().0;
-        let mut blk = 3900;
-        while v.log_window().0 == head {
-            v.write(blk * BS as u64, &stamp(blk, 2)).unwrap();
-            v.flush().unwrap();
-            blk += 1;
-        }
-    }));
+    let writer = catch_unwind(AssertUnwindSafe(|| write_until_the_head_moves(&v)));
     assert!(writer.is_err(), "the writer's reclaim panicked at the poisoned destage lock");
     let dirty = v.status().dirty_blocks;
     let tick = catch_unwind(AssertUnwindSafe(|| v.background_tick()));
@@ -882,7 +846,7 @@ fn power_cut_at_every_io_with_background_and_reclaim_batches() {
     let (cache_img, backing_img, base) = {
         let r = rig(256, 2048, BLOCKS, HDD, (950, 990), None);
         let mut model = vec![0u64; BLOCKS as usize];
-        write_scattered(&r.v, &mut model, 0, 1850, 1);
+        write_scattered_flushed(&r.v, &mut model, 0, 1850, 1);
         r.v.flush().unwrap();
         (r.cache.durable_image(), r.backing.durable_image(), model)
     };

@@ -62,33 +62,6 @@ fn batch_now(v: &Volume) -> usize {
     v.status().write_back_batch_blocks as usize
 }
 
-/// Writes every other block of `from..from + 2 * n` at `version` (so each block is a backing
-/// write of its own), one block a request, a FLUSH every 32: records of 32 dirty blocks and a
-/// header. Notes each in `model` (block -> version) once flushed.
-fn write_scattered(v: &Volume, model: &mut [u64], from: u64, n: u64, version: u64) {
-    let mut since = Vec::new();
-    for k in 0..n {
-        let b = from + 2 * k;
-        v.write(b * BS as u64, &stamp(b, version)).unwrap();
-        since.push(b);
-        if k % 32 == 31 || k + 1 == n {
-            v.flush().unwrap();
-            for &b in &since {
-                model[b as usize] = version;
-            }
-            since.clear();
-        }
-    }
-}
-
-fn check_all(v: &Volume, model: &[u64], what: &str) {
-    let mut buf = vec![0u8; BS];
-    for (b, &version) in model.iter().enumerate() {
-        v.read(b as u64 * BS as u64, &mut buf).unwrap_or_else(|e| panic!("{what}: block {b}: {e}"));
-        assert_eq!(version_of(b as u64, &buf), Some(version), "{what}: block {b}");
-    }
-}
-
 /// The dense-log rig used by several tests: 512-block segments (a window holds about 496
 /// dirty blocks: more than the 256-block floor, and than `copy_forward_max` = 168), a 4096-block
 /// log, 12288 backing blocks, watermarks high enough (95 %/99 %) that the log stays below them
@@ -101,7 +74,7 @@ const BACKING: u64 = 12288;
 /// write-back of one block (1 ms write + 1 ms flush: about 2 ms a block): the batch is at the
 /// floor.
 fn dense_log_at_the_floor(r: &Rig, model: &mut [u64]) {
-    write_scattered(&r.v, model, 0, 3700, 1);
+    write_scattered_flushed(&r.v, model, 0, 3700, 1);
     assert_eq!(r.v.destage_step(1).unwrap(), 1);
     assert_eq!(batch_now(&r.v), 256, "timed at {:?} us a block", r.v.status().reclaim_write_back_us_per_block);
 }
@@ -122,13 +95,13 @@ fn reclaim_writes_back_a_window_dirtier_than_the_floor_batch() {
     dense_log_at_the_floor(&r, &mut model);
     let head0 = r.v.status().log_head;
     let before = r.v.status().counters;
-    write_scattered(&r.v, &mut model, 7400, 2000, 1);
+    write_scattered_flushed(&r.v, &mut model, 7400, 2000, 1);
     let after = r.v.status();
     let wbs = after.counters.reclaim_write_backs - before.reclaim_write_backs;
     assert!(wbs >= 3, "reclaims wrote dense windows back: {wbs}");
     assert!(after.log_head >= head0 + 3 * u64::from(SEG), "the head passed the dense windows");
     assert_eq!(batch_now(&r.v), 256, "still at the floor");
-    check_all(&r.v, &model, "after reclaims at the floor");
+    check_versions(&r.v, &model, "after reclaims at the floor");
     r.v.flush_all(|_, _| {}).unwrap();
     assert_eq!(r.v.status().dirty_blocks, 0);
     let mut buf = vec![0u8; BS];
@@ -200,21 +173,21 @@ fn pathological_clocks_size_batches_safely() {
         let (cache, backing) = devices_on_clock(SEG, LOG, BACKING, &sim, FAST, HDD);
         let v = open_rig(&cache, &backing, clock, Some((950, 990)));
         let mut model = vec![0u64; BACKING as usize];
-        write_scattered(&v, &mut model, 0, 3700, 1);
+        write_scattered_flushed(&v, &mut model, 0, 3700, 1);
         assert_eq!(v.destage_step(1).unwrap(), 1);
         if expect_batch != 0 {
             assert_eq!(batch_now(&v), expect_batch, "{name}");
         }
         let before = v.status().counters.reclaim_write_backs;
         for round in 0..4u64 {
-            write_scattered(&v, &mut model, 7400 + round * 1000, 500, 2);
+            write_scattered_flushed(&v, &mut model, 7400 + round * 1000, 500, 2);
             v.background_tick().unwrap();
         }
         assert!(v.status().counters.reclaim_write_backs + v.status().counters.destaged_blocks > before, "{name}");
-        check_all(&v, &model, name);
+        check_versions(&v, &model, name);
         v.write_back_all(0.5, |_, _| true).unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(v.status().dirty_blocks, 0, "{name}");
-        check_all(&v, &model, name);
+        check_versions(&v, &model, name);
     }
 }
 
@@ -246,7 +219,7 @@ fn write_back_all_at_the_floor_with_pacing_finishes() {
     // (write_back_all keeps a writer's reclaim's floor, 256, not the background's 64.)
     assert_eq!(batches, dirty.div_ceil(256), "one backing flush per 256-block batch");
     assert_eq!(r.v.status().dirty_blocks, 0);
-    check_all(&r.v, &model, "after the flush");
+    check_versions(&r.v, &model, "after the flush");
     for (b, v) in model.iter().enumerate() {
         let mut buf = vec![0u8; BS];
         r.backing.read_at(b as u64 * BS as u64, &mut buf).unwrap();
@@ -280,11 +253,11 @@ fn dense_preclean_takes_whole_windows_larger_than_the_batch() {
     assert!(d0 - d1 <= batch * batches, "{} blocks in {batches} batches of at most {batch}", d0 - d1);
     let before = r.v.status().counters.reclaim_write_backs;
     for round in 0..10u64 {
-        write_scattered(&r.v, &mut model, 7400 + round * 320, 160, 2);
+        write_scattered_flushed(&r.v, &mut model, 7400 + round * 320, 160, 2);
         r.v.background_tick().unwrap();
     }
     assert_eq!(r.v.status().counters.reclaim_write_backs, before, "the pre-cleaner kept ahead of the writer");
-    check_all(&r.v, &model, "after pre-clean");
+    check_versions(&r.v, &model, "after pre-clean");
 }
 
 // ------------------------------------------------------ attack 5: power cuts at every I/O
@@ -322,7 +295,7 @@ fn power_cut_at_every_io_during_floor_sized_write_backs() {
     let (cache_img, backing_img, base_model) = {
         let r = rig(SEG, LOG, BACKING, HDD, Some((950, 990)));
         let mut model = vec![0u64; BACKING as usize];
-        write_scattered(&r.v, &mut model, 0, 3700, 1);
+        write_scattered_flushed(&r.v, &mut model, 0, 3700, 1);
         r.v.flush().unwrap();
         (r.cache.durable_image(), r.backing.durable_image(), model)
     };
@@ -418,9 +391,9 @@ fn writers_background_flush_and_readers_at_once_at_the_floor() {
                 let writer = sched.spawn(move || {
                     let mut m = vec![0u64; BACKING as usize];
                     // (The flush starts once the writer's reclaims have met the dense head.)
-                    write_scattered(&w, &mut m, 7400, 200, 2);
+                    write_scattered_flushed(&w, &mut m, 7400, 200, 2);
                     go.store(true, Ordering::SeqCst);
-                    write_scattered(&w, &mut m, 7800, 1000, 2);
+                    write_scattered_flushed(&w, &mut m, 7800, 1000, 2);
                     m
                 });
                 let bg = Arc::clone(&v);
@@ -466,7 +439,7 @@ fn writers_background_flush_and_readers_at_once_at_the_floor() {
                 model[b] = ver;
             }
         }
-        check_all(&v, &model, &format!("seed {seed_wm}"));
+        check_versions(&v, &model, &format!("seed {seed_wm}"));
         let c = v.status().counters;
         reclaim_wbs += c.reclaim_write_backs;
         worst_wait_us = worst_wait_us.max(c.reclaim_destage_wait_max_us);
@@ -520,7 +493,7 @@ fn an_uncontended_reclaim_records_no_destage_wait() {
     let mut model = vec![0u64; BACKING as usize];
     dense_log_at_the_floor(&r, &mut model);
     let t0 = r.clock.now_ns();
-    write_scattered(&r.v, &mut model, 7400, 1000, 1);
+    write_scattered_flushed(&r.v, &mut model, 7400, 1000, 1);
     let c = r.v.status().counters;
     assert!(c.reclaim_write_backs >= 1);
     assert!(r.clock.now_ns() - t0 > 400_000_000);
@@ -547,10 +520,10 @@ fn perf_an_expensive_backing_flush_holds_batches_at_the_floor() {
     // Two full flushes first (the first untimed, at 1,024; the second at ~420): the estimate
     // then settles at the floor.
     for round in 0..2u64 {
-        write_scattered(&r.v, &mut model, round, 4096, round + 1);
+        write_scattered_flushed(&r.v, &mut model, round, 4096, round + 1);
         r.v.flush_all(|_, _| {}).unwrap();
     }
-    write_scattered(&r.v, &mut model, 0, 4096, 3);
+    write_scattered_flushed(&r.v, &mut model, 0, 4096, 3);
     let (f0, t0) = (r.backing.stats().flushes, r.clock.now_ns());
     r.v.flush_all(|_, _| {}).unwrap();
     let (flushes, ms) = (r.backing.stats().flushes - f0, (r.clock.now_ns() - t0) / 1_000_000);
@@ -558,7 +531,7 @@ fn perf_an_expensive_backing_flush_holds_batches_at_the_floor() {
         "flush_all of 4096 scattered blocks: {flushes} backing flushes, {ms} ms virtual; batch now {}",
         batch_now(&r.v)
     );
-    check_all(&r.v, &model, "after flush");
+    check_versions(&r.v, &model, "after flush");
     // Fixed 4,096-block batches: 1 flush, ~125 ms. Sized now so that a batch's writes take
     // as long as its 40 ms flush (2,000 blocks of 20 us): 3 flushes, not 16.
     assert!(flushes <= 3, "{flushes} backing flushes ({ms} ms) for 4,096 blocks");
@@ -580,19 +553,19 @@ fn perf_one_tiny_write_back_shrinks_the_next_flush_to_the_floor() {
     let r = rig(256, 8192, 20000, SSD_RAID, None);
     let mut model = vec![0u64; 20000];
     // Timed on a large batch first: 4,096.
-    write_scattered(&r.v, &mut model, 0, 2048, 1);
+    write_scattered_flushed(&r.v, &mut model, 0, 2048, 1);
     r.v.flush_all(|_, _| {}).unwrap();
     assert_eq!(batch_now(&r.v), 4096, "a large batch timed: {:?}", r.v.status().reclaim_write_back_us_per_block);
     // One block written and flushed through (a tiny batch).
-    write_scattered(&r.v, &mut model, 9001, 1, 1);
+    write_scattered_flushed(&r.v, &mut model, 9001, 1, 1);
     r.v.flush_all(|_, _| {}).unwrap();
     let after_tiny = batch_now(&r.v);
-    write_scattered(&r.v, &mut model, 10000, 4096, 1);
+    write_scattered_flushed(&r.v, &mut model, 10000, 4096, 1);
     let (f0, t0) = (r.backing.stats().flushes, r.clock.now_ns());
     r.v.flush_all(|_, _| {}).unwrap();
     let (flushes, us) = (r.backing.stats().flushes - f0, (r.clock.now_ns() - t0) / 1000);
     eprintln!("after one 1-block write-back: batch {after_tiny}; flush of 4096: {flushes} backing flushes, {us} us");
-    check_all(&r.v, &model, "after flush");
+    check_versions(&r.v, &model, "after flush");
     assert!(
         flushes <= 2,
         "{flushes} backing flushes ({us} us) for 4,096 blocks (batch {after_tiny} after one tiny batch)"
@@ -615,11 +588,11 @@ const RAID5_HDD: SimLatency = SimLatency { read_ns: 100_000, write_ns: 100_000, 
 fn perf_reclaim_at_the_floor_writes_back_one_segment_per_backing_flush() {
     let r = rig(256, 4096, 12288, RAID5_HDD, Some((950, 990)));
     let mut model = vec![0u64; 12288];
-    write_scattered(&r.v, &mut model, 0, 3700, 1);
+    write_scattered_flushed(&r.v, &mut model, 0, 3700, 1);
     assert_eq!(r.v.destage_step(1).unwrap(), 1);
     assert_eq!(batch_now(&r.v), 256);
     let (c0, f0, h0, t0) = (r.v.status().counters, r.backing.stats().flushes, r.v.status().log_head, r.clock.now_ns());
-    write_scattered(&r.v, &mut model, 7400, 2000, 2);
+    write_scattered_flushed(&r.v, &mut model, 7400, 2000, 2);
     let c = r.v.status().counters;
     let (wbs, flushes) = (c.reclaim_write_backs - c0.reclaim_write_backs, r.backing.stats().flushes - f0);
     let segments = (r.v.status().log_head - h0) / 256;
@@ -628,7 +601,7 @@ fn perf_reclaim_at_the_floor_writes_back_one_segment_per_backing_flush() {
         "{wbs} reclaim write-backs, {flushes} backing flushes, {} blocks written back, head passed {segments} segments, {ms} ms",
         c.destaged_blocks - c0.destaged_blocks
     );
-    check_all(&r.v, &model, "after");
+    check_versions(&r.v, &model, "after");
     assert!(wbs >= 4);
     assert!(flushes * 2 <= segments, "{flushes} backing flushes for {segments} segments: one per segment");
 }
@@ -648,7 +621,7 @@ fn perf_dense_preclean_batches_are_not_bounded_by_the_batch_size() {
     let seg = 2048u32;
     let r = rig(seg, 16384, 40000, HDD, Some((950, 990)));
     let mut model = vec![0u64; 40000];
-    write_scattered(&r.v, &mut model, 0, 15000, 1);
+    write_scattered_flushed(&r.v, &mut model, 0, 15000, 1);
     assert_eq!(r.v.destage_step(1).unwrap(), 1);
     let batch = batch_now(&r.v);
     assert_eq!(batch, 256);
@@ -659,6 +632,6 @@ fn perf_dense_preclean_batches_are_not_bounded_by_the_batch_size() {
     assert!(flushes > 0, "the pre-cleaner ran");
     let per_batch = writes / flushes;
     eprintln!("batch size {batch}; pre-clean: {writes} blocks in {flushes} batches ({per_batch} a batch, ~{per_batch} ms each)");
-    check_all(&r.v, &model, "after");
+    check_versions(&r.v, &model, "after");
     assert!(per_batch <= 2 * batch as u64, "pre-clean batches of {per_batch} blocks with the batch at {batch}");
 }

@@ -679,3 +679,31 @@ pub fn bounded<T: Send + 'static>(what: &str, secs: u64, f: impl FnOnce() -> T +
     rx.recv_timeout(Duration::from_secs(secs))
         .unwrap_or_else(|_| panic!("{what}: no answer within {secs} s (deadlock?)"))
 }
+
+/// Writes every other block of `from..from + 2 * n` at `version` (each block a backing write
+/// of its own), one block a request, a FLUSH every 32: records of 32 dirty blocks and a
+/// header, a dense log. Notes each in `model` (block -> version) once flushed.
+pub fn write_scattered_flushed(v: &Volume, model: &mut [u64], from: u64, n: u64, version: u64) {
+    let mut since = Vec::new();
+    for k in 0..n {
+        let b = from + 2 * k;
+        v.write(b * BS as u64, &stamp(b, version)).unwrap();
+        since.push(b);
+        if k % 32 == 31 || k + 1 == n {
+            v.flush().unwrap();
+            for &b in &since {
+                model[b as usize] = version;
+            }
+            since.clear();
+        }
+    }
+}
+
+/// Every block of `model` reads back at its version (`what` names the moment).
+pub fn check_versions(v: &Volume, model: &[u64], what: &str) {
+    let mut buf = vec![0u8; BS];
+    for (b, &version) in model.iter().enumerate() {
+        v.read(b as u64 * BS as u64, &mut buf).unwrap_or_else(|e| panic!("{what}: block {b}: {e}"));
+        assert_eq!(version_of(b as u64, &buf), Some(version), "{what}: block {b}");
+    }
+}
