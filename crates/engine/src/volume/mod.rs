@@ -624,36 +624,28 @@ pub struct Volume {
     reclaims_at_destage: AtomicUsize,
 }
 
-/// A writer's reclaim waiting for the destage lock (`Volume::reclaims_at_destage`), for as
-/// long as it lives.
-struct Waiting<'a>(&'a AtomicUsize);
+/// One more in a count for as long as it lives, counted down on every way out, a panic's
+/// too: a write or flush under way (`Volume::foreground`), a writer's reclaim waiting for
+/// the destage lock (`Volume::reclaims_at_destage`).
+pub(super) struct Counted<'a>(&'a AtomicUsize);
 
-impl<'a> Waiting<'a> {
-    fn count(n: &'a AtomicUsize) -> Waiting<'a> {
+impl<'a> Counted<'a> {
+    fn new(n: &'a AtomicUsize) -> Counted<'a> {
         n.fetch_add(1, Ordering::SeqCst);
-        Waiting(n)
+        Counted(n)
     }
 }
 
-impl Drop for Waiting<'_> {
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
-/// A write or flush under way (`Volume::foreground`), for as long as it lives.
-pub(super) struct Foreground<'a>(&'a AtomicUsize);
-
 impl Volume {
-    pub(super) fn foreground(&self) -> Foreground<'_> {
-        self.foreground.fetch_add(1, Ordering::Relaxed);
-        Foreground(&self.foreground)
-    }
-}
-
-impl Drop for Foreground<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+    /// A write or flush under way, for as long as the guard lives.
+    pub(super) fn foreground(&self) -> Counted<'_> {
+        Counted::new(&self.foreground)
     }
 }
 
@@ -910,9 +902,8 @@ impl Volume {
     fn lock_destage_for_reclaim(&self) -> lock_order::Ranked<MutexGuard<'_, Elevator>> {
         let started_ns = self.clock.now_ns();
         let destage = {
-            // (Counted down on every way out, a panic's too: a count left up would keep the
-            // background from writing back for good.)
-            let _waiting = Waiting::count(&self.reclaims_at_destage);
+            // (A count left up would keep the background from writing back for good.)
+            let _waiting = Counted::new(&self.reclaims_at_destage);
             self.lock_destage()
         };
         let waited_us = self.clock.now_ns().saturating_sub(started_ns) / 1000;
@@ -954,33 +945,25 @@ impl Volume {
     /// write_back_batch_blocks`).
     pub(super) fn write_back_batch_blocks(&self) -> usize {
         let costs = self.lock().costs;
-        costs.write_back_batch_blocks(self.write_back_batch_bounds())
+        costs.write_back_batch_blocks(self.batch_bounds(DESTAGE_BATCH_MIN_BLOCKS))
     }
 
     /// Blocks a background write-back batch takes now: sized the same way, with the lower
     /// floor writers waiting behind it need (`DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS`).
     pub(super) fn background_batch_blocks(&self) -> usize {
         let costs = self.lock().costs;
-        costs.write_back_batch_blocks(self.background_batch_bounds())
+        costs.write_back_batch_blocks(self.batch_bounds(DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS))
     }
 
-    /// The fewest and most blocks a writer's reclaim write-back batch takes.
-    pub(super) fn write_back_batch_bounds(&self) -> (usize, usize) {
+    /// The fewest and most blocks a write-back batch takes: `floor` (a writer's reclaim's
+    /// `DESTAGE_BATCH_MIN_BLOCKS`, the background's `DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS`) to
+    /// `DESTAGE_BATCH_BLOCKS`; the test bounds, where set, for both.
+    pub(super) fn batch_bounds(&self, floor: usize) -> (usize, usize) {
         #[cfg(feature = "testing")]
         if let Some(bounds) = self.options.write_back_batch_bounds {
             return bounds;
         }
-        (DESTAGE_BATCH_MIN_BLOCKS, DESTAGE_BATCH_BLOCKS)
-    }
-
-    /// The fewest and most blocks a background write-back batch takes (the test bounds, where
-    /// set, for both).
-    pub(super) fn background_batch_bounds(&self) -> (usize, usize) {
-        #[cfg(feature = "testing")]
-        if let Some(bounds) = self.options.write_back_batch_bounds {
-            return bounds;
-        }
-        (DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS, DESTAGE_BATCH_BLOCKS)
+        (floor, DESTAGE_BATCH_BLOCKS)
     }
 
     /// The destage lock as a write-around takes it to begin.

@@ -61,8 +61,12 @@ impl Volume {
             admission_ram_bytes: st.admission.memory_bytes() as u64,
             reclaim_write_back_us_per_block: write_back_ns.map(|ns| ns as f64 / 1e3),
             reclaim_copy_us_per_block: copy_ns.map(|ns| ns as f64 / 1e3),
-            write_back_batch_blocks: st.costs.write_back_batch_blocks(self.write_back_batch_bounds()) as u64,
-            background_batch_blocks: st.costs.write_back_batch_blocks(self.background_batch_bounds()) as u64,
+            write_back_batch_blocks: st.costs.write_back_batch_blocks(self.batch_bounds(DESTAGE_BATCH_MIN_BLOCKS))
+                as u64,
+            background_batch_blocks: st
+                .costs
+                .write_back_batch_blocks(self.batch_bounds(DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS))
+                as u64,
             log_head: st.head,
             log_tail: st.tail,
             log_used_permille: (st.tail - st.head) * 1000 / self.layout.log_blocks,
