@@ -636,7 +636,11 @@ class StatusSampler(threading.Thread):
                     dirty_percent=100.0 * s["dirty_bytes"] / s["cache_size_bytes"],
                     read_hit_blocks=c["read_hit_blocks"], read_miss_blocks=c["read_miss_blocks"],
                     destaged_blocks=c["destaged_blocks"], written_blocks=c["written_blocks"],
-                    throttled_writes=c["throttled_writes"], written_around_blocks=c["written_around_blocks"]))
+                    throttled_writes=c["throttled_writes"], written_around_blocks=c["written_around_blocks"],
+                    # (Writers' reclaims that wrote back, and the pre-cleaner's write-back beyond
+                    # its horizon: absent from the kernel caches' status and older builds.)
+                    reclaim_write_backs=c.get("reclaim_write_backs"),
+                    preclean_idle_blocks=c.get("preclean_idle_blocks")))
             self.stop_event.wait(self.period)
 
     def stop(self):

@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 28] = [
+        let counters: [(&str, &str, u64); 29] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -203,6 +203,11 @@ impl Collector for VolumeCollector {
                 "preclean_swept_blocks",
                 "Dirty blocks the pre-cleaner left at the log head for a sequential writer about to supersede them",
                 c.preclean_swept_blocks,
+            ),
+            (
+                "preclean_idle_blocks",
+                "Dirty blocks the pre-cleaner wrote back beyond its horizon, over data not rewritten for 10 s, while nothing nearer needed it",
+                c.preclean_idle_blocks,
             ),
             ("cache_flushes", "Flushes of the cache device", c.cache_flushes),
             ("backing_flushes", "Flushes of the backing device", c.backing_flushes),

@@ -179,6 +179,8 @@ pub struct SimReport {
     /// Dirty blocks the pre-cleaner left to a sequential writer about to supersede them
     /// (`Streams::sweeping`; the stream clients' laps).
     pub preclean_swept_blocks: u64,
+    /// Dirty blocks the pre-cleaner wrote back beyond its horizon (`preclean_idle_age_ms_for`).
+    pub preclean_idle_blocks: u64,
     pub destaged_blocks: u64,
     pub reclaimed_blocks: u64,
     pub copied_forward_blocks: u64,
@@ -1069,6 +1071,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         record_entries,
         eviction: eviction_for(config.seed),
         write_back_batch_bounds: write_back_batch_bounds_for(config.seed),
+        preclean_idle_age_ms: preclean_idle_age_ms_for(config.seed),
         ..VolumeOptions::default()
     };
     for cycle in 0..cycles {
@@ -1100,6 +1103,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         report.handed_off_records += st.counters.handed_off_records;
         report.handed_off_records_written_by_waiters += st.counters.handed_off_records_written_by_waiters;
         report.preclean_swept_blocks += st.counters.preclean_swept_blocks;
+        report.preclean_idle_blocks += st.counters.preclean_idle_blocks;
         report.destaged_blocks += st.counters.destaged_blocks;
         report.reclaimed_blocks += st.counters.reclaimed_blocks;
         report.copied_forward_blocks += st.counters.copied_forward_blocks;
@@ -1671,6 +1675,7 @@ mod tests {
         let mut promoted = 0;
         let (mut handed_off, mut by_waiters) = (0, 0);
         let mut swept = 0;
+        let mut idle = 0;
         for seed in 0..12 {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
@@ -1684,6 +1689,7 @@ mod tests {
             handed_off += r.handed_off_records;
             by_waiters += r.handed_off_records_written_by_waiters;
             swept += r.preclean_swept_blocks;
+            idle += r.preclean_idle_blocks;
         }
         // Dense dirty windows copied forward are rare in these seeds, and which seeds have
         // them moves with every change to where the engine takes its locks (each is a switch
@@ -1700,6 +1706,9 @@ mod tests {
         }
         // The pre-cleaner left dirty windows to a stream client lapping its range.
         assert!(swept > 0, "no window left to a sequential writer");
+        // The pre-cleaner wrote back beyond its horizon, over old data, concurrently with the
+        // writers, reclaims and crashes (`preclean_idle_age_ms_for`).
+        assert!(idle > 0, "the pre-cleaner's idle reach wrote nothing back");
         // Records handed to the record writer actor, some written by a thread that needed
         // them before it began them.
         assert!(handed_off > 0 && by_waiters > 0, "handed off {handed_off}, written by waiters {by_waiters}");
@@ -1903,6 +1912,15 @@ mod adversarial_batch_tests {
 pub(crate) fn write_back_batch_bounds_for(seed: u64) -> Option<(usize, usize)> {
     let min = 2 + (seed / 2 % 4) as usize;
     (seed % 2 == 1).then_some((min, 4 * min))
+}
+
+/// The pre-cleaner's idle reach in half the seeds (a stream of its own): data 0, 2 or 20 ms
+/// of virtual time old, so that it writes back far ahead of the head, concurrently with
+/// writers, reclaims and crashes (the shipped `PRECLEAN_IDLE_AGE_MS`, 10 s, never comes in a
+/// seed's few seconds of virtual time: the other half).
+pub(crate) fn preclean_idle_age_ms_for(seed: u64) -> Option<u64> {
+    let mut r = ChaCha8Rng::seed_from_u64(seed ^ 0x1d1e_a6e5);
+    r.gen_bool(0.5).then(|| [0, 2, 20][r.gen_range(0..3)])
 }
 
 /// Whether a seed's volumes hand sealed records to a record writer (`Volume::set_record_writer`,

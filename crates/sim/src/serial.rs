@@ -341,6 +341,7 @@ pub fn run(config: TortureConfig, mut progress: impl FnMut(u64)) -> TortureRepor
             sabotage: config.sabotage,
             eviction: crate::eviction_for(config.seed),
             write_back_batch_bounds: crate::write_back_batch_bounds_for(config.seed),
+            preclean_idle_age_ms: crate::preclean_idle_age_ms_for(config.seed),
             ..VolumeOptions::default()
         },
         max_ops: config.max_ops_per_cycle.max(1),

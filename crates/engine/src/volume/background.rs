@@ -2,6 +2,7 @@
 //! written out when old or full, write-back between the dirty watermarks, the head
 //! pre-cleaned ahead of the writer; and the write backpressure above the high watermark.
 
+use super::writeback::Reach;
 use super::*;
 
 impl Volume {
@@ -102,7 +103,8 @@ impl Volume {
             if !short || self.reclaim_waits_for_destage() {
                 break;
             }
-            if self.preclean(self.background_batch_blocks(), true)? == 0 {
+            let batch = self.background_batch_blocks();
+            if self.preclean(batch, true, Reach::Horizon)? == 0 && self.preclean(batch, true, Reach::Idle)? == 0 {
                 break;
             }
         }

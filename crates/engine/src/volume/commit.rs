@@ -453,7 +453,7 @@ impl Volume {
             st.trims_sealed = st.sealed;
         }
         let now = self.clock.now_ns();
-        if st.age_samples.back().is_none_or(|&(_, t)| now > t.saturating_add(1_000_000)) {
+        if st.age_samples.back().is_none_or(|&(_, t)| now >= t.saturating_add(AGE_SAMPLE_INTERVAL_MS * 1_000_000)) {
             if st.age_samples.len() == AGE_SAMPLES {
                 st.age_samples.pop_front();
             }

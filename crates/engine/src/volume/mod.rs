@@ -155,6 +155,11 @@ pub struct VolumeOptions {
     /// blocks: scaled down, batches there are cut short by their size as on a real cache.
     #[cfg(feature = "testing")]
     pub write_back_batch_bounds: Option<(usize, usize)>,
+    /// Test machinery: the pre-cleaner's idle reach takes data this old instead of
+    /// `PRECLEAN_IDLE_AGE_MS` (the `testing` feature): the simulators run for seconds of
+    /// virtual time, so the shipped age never comes there.
+    #[cfg(feature = "testing")]
+    pub preclean_idle_age_ms: Option<u64>,
 }
 
 impl Default for VolumeOptions {
@@ -172,6 +177,8 @@ impl Default for VolumeOptions {
             record_entries: None,
             #[cfg(feature = "testing")]
             write_back_batch_bounds: None,
+            #[cfg(feature = "testing")]
+            preclean_idle_age_ms: None,
         }
     }
 }
@@ -329,6 +336,10 @@ pub struct Counters {
     /// to supersede them (counted each round it passed them; `writeback.rs`).
     #[serde(default)]
     pub preclean_swept_blocks: u64,
+    /// Dirty blocks the pre-cleaner wrote back beyond its horizon, over data not rewritten
+    /// for `PRECLEAN_IDLE_AGE_MS`, when nothing within the horizon needed it (`Reach::Idle`).
+    #[serde(default)]
+    pub preclean_idle_blocks: u64,
     /// The longest a reclaim waited for the destage lock (the write-back batch under way) before
     /// its own write-back, in microseconds of the volume's clock: batches sized by time bound it
     /// (`DESTAGE_BATCH_MS`).

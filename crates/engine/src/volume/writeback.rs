@@ -32,6 +32,16 @@ fn keep_nearest(found: &mut Vec<u64>, cursor: u64, cap: usize, ordered: bool) {
     }
 }
 
+/// How far ahead of the head the pre-cleaner looks (`preclean`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Reach {
+    /// As far as the writers write in `PRECLEAN_HORIZON_MS` (`preclean_horizon`).
+    Horizon,
+    /// Further (`PRECLEAN_IDLE_REACH_PERMILLE` of the log), when nothing within the horizon
+    /// needs writing back: the backing device would otherwise stand idle.
+    Idle,
+}
+
 impl Volume {
     /// Writes back one batch of dirty blocks in backing-address order, continuing from where
     /// the last batch stopped (an elevator). Returns how many blocks were written back.
@@ -99,7 +109,7 @@ impl Volume {
     /// Incremental: each slot is looked at once (in RAM, through the index's reverse map).
     /// Returns how many blocks were written back.
     pub fn destage_oldest(&self, max_blocks: usize) -> Result<usize> {
-        self.preclean(max_blocks, false)
+        self.preclean(max_blocks, false, Reach::Horizon)
     }
 
     /// `destage_oldest`; with `dense_only`, the pre-cleaner walks the log as reclaim will, a
@@ -109,13 +119,17 @@ impl Volume {
     /// as reclaim's does. A sparsely dirty stretch costs reclaim one cache read and write of
     /// its few dirty blocks, less than a write-back (the pre-cleaner below the watermark
     /// chooses the cheaper of the two this way).
-    pub(super) fn preclean(&self, max_blocks: usize, dense_only: bool) -> Result<usize> {
+    pub(super) fn preclean(&self, max_blocks: usize, dense_only: bool, reach: Reach) -> Result<usize> {
         let _elevator = self.lock_destage_behind_reclaims();
         let (batch, until, swept) = {
             let st = self.lock();
             st.check_poisoned()?;
             let mut swept_blocks = 0;
-            let window_end = st.head + self.preclean_horizon(&st);
+            let window_end = st.head
+                + match reach {
+                    Reach::Horizon => self.preclean_horizon(&st),
+                    Reach::Idle => self.preclean_idle_reach(&st),
+                };
             // Each round walks from the head: the first `PRECLEAN_SEGMENTS` segments there are
             // judged again, whatever an earlier round judged them, then the walk resumes where
             // the last round stopped. A window judged far ahead as one reclaim will copy may be
@@ -218,6 +232,9 @@ impl Volume {
         let mut st = self.lock();
         st.precleaned_until = st.precleaned_until.max(until);
         st.counters.preclean_swept_blocks += swept;
+        if reach == Reach::Idle {
+            st.counters.preclean_idle_blocks += written as u64;
+        }
         Ok(written)
     }
 
@@ -251,6 +268,34 @@ impl Volume {
         let recent = st.age_samples.get(k).map_or(0, |&(pos, _)| st.tail.saturating_sub(pos));
         let floor = PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks);
         recent.min(self.layout.log_blocks / 4).max(floor)
+    }
+
+    /// How far ahead of the head the pre-cleaner looks when nothing within its horizon needs
+    /// writing back (`Reach::Idle`): over the records written at least
+    /// `PRECLEAN_IDLE_AGE_MS` ago (their live blocks not rewritten since), at most
+    /// `PRECLEAN_IDLE_REACH_PERMILLE` of the log. Younger data is left alone: a stretch that a
+    /// workload is still rewriting thins out before the head reaches it (the judge, looking
+    /// at it now, would write back blocks about to be superseded).
+    fn preclean_idle_reach(&self, st: &State) -> u64 {
+        #[allow(unused_mut)]
+        let mut age_ms = PRECLEAN_IDLE_AGE_MS;
+        #[cfg(feature = "testing")]
+        if let Some(ms) = self.options.preclean_idle_age_ms {
+            age_ms = ms;
+        }
+        let Some(before) = self.clock.now_ns().checked_sub(age_ms * 1_000_000) else { return 0 };
+        // The records before the first one sampled since then: a sample is taken at the first
+        // record `AGE_SAMPLE_INTERVAL_MS` after the last, so those were written before the
+        // last sample at or before then plus that interval (at most 10 ms younger than the
+        // age); all of them where no sample is younger. None where every sample is younger
+        // (the records before the first are of unknown age, as on a volume opened since).
+        let k = st.age_samples.partition_point(|&(_, t)| t <= before);
+        if k == 0 {
+            return 0;
+        }
+        let old_until = st.age_samples.get(k).map_or(st.tail, |&(pos, _)| pos);
+        let reach = self.layout.log_blocks * PRECLEAN_IDLE_REACH_PERMILLE / 1000;
+        old_until.clamp(st.head, st.head + reach).saturating_sub(st.head)
     }
 
     /// Writes `blocks` back to the backing device (destage lock held): read from the cache
