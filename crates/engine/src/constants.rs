@@ -125,6 +125,10 @@ pub const PRECLEAN_IDLE_REACH_PERMILLE: u64 = 500;
 /// now, much of it would be written again.
 pub const PRECLEAN_IDLE_AGE_MS: u64 = 10_000;
 
+/// The most log positions one idle-reach round walks past where the last stopped, under one
+/// state-lock hold (review: half of a 1 GiB log walked at once held readers 16 ms).
+pub const PRECLEAN_IDLE_WALK_BLOCKS: u64 = 16_384;
+
 /// Writes of at least this many bytes go around the cache, straight to the backing device,
 /// while the cache holds more dirty data than its high watermark (write-around). 64 KiB: a
 /// destage-bound writer of 64 KiB requests otherwise runs at the write-back's pace, a fifth of

@@ -1732,22 +1732,23 @@ mod tests {
     /// Reclaim's copy over the lap (a dirty window too dense to judge alone, copied because
     /// what the head meets next has room: `dense_choice`) under the simulator's crashes,
     /// concurrency and corruption. It is rare here (a margin of 16 over the measured costs):
-    /// `tiercache torture` finds it in seeds 35 and 44 of 0..100, and in no other (35 and 54
+    /// `tiercache torture` finds it in seeds 3, 30, 33, 34 and 70 of 0..100, and in no other (35 and 54
     /// when written; 25, 30 and 65 after the simulated cache served scatter and batched reads
     /// as one I/O each, which changed the devices' random streams; 34, 45, 63 and 79 once the
     /// state lock was taken a chunk of the index or a segment of reclaim's window at a time,
     /// which moved the scheduler's switches; 35 and 44 since a write-back that is not a
     /// writer's reclaim lets a waiting reclaim take the destage lock first, which moved them
-    /// again); each passes.
+    /// again; 3, 30, 33, 34 and 70 since the pre-cleaner's idle reach, which runs in half the
+    /// seeds, 3 and 30 among them); each passes.
     #[test]
     fn dense_windows_copied_over_the_lap_pass() {
         let mut throughs = 0;
-        for seed in [35, 44] {
+        for seed in [3, 30] {
             let r = run(SimConfig { seed, ..SimConfig::default() });
             assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
             throughs += r.dense_copy_throughs;
         }
-        assert!(throughs > 0, "no dense window copied over the lap in seeds 35 and 44: the test proves nothing");
+        assert!(throughs > 0, "no dense window copied over the lap in seeds 3 and 30: the test proves nothing");
     }
 
     /// Probation batches a reader handed to the record writer actor (`Volume::

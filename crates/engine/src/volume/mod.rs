@@ -427,6 +427,10 @@ struct State {
     durable_tail: u64,
     /// The background pre-cleaner has looked at every record before this position.
     precleaned_until: u64,
+    /// The idle reach (`Reach::Idle`) has looked at every record before this position: its
+    /// own cursor, so that the horizon's rounds still judge a window when it comes within
+    /// their horizon, with the costs and watermark of then.
+    idle_precleaned_until: u64,
     /// Where the run of reclaims that freed nothing began (copies of windows dense to the
     /// last block); `None` once one frees a block. Copying over the lap stops after a quarter
     /// of the log of it (`dense_choice`): the guaranteed end of a writer's reclaim loop.
@@ -734,6 +738,7 @@ impl Volume {
                 written_tail: r.tail,
                 durable_tail: r.tail,
                 precleaned_until: r.head,
+                idle_precleaned_until: r.head,
                 barren_since: None,
                 checkpoint_position: r.checkpoint_position,
                 older_checkpoint_position: 0,

@@ -139,9 +139,19 @@ impl Volume {
             // then for its own (MariaDB over an emulated HDD, 80 % high watermark: 49 reclaims
             // over 200 ms in 150 s). Above the watermark, likewise, the oldest dirty blocks are
             // the head's, not those after the last round's end.
-            let (from, until) = (st.head, window_end.min(st.written_tail));
             let rejudged_until = st.head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks);
-            let resume = st.precleaned_until.max(st.head);
+            let resume = match reach {
+                Reach::Horizon => st.precleaned_until,
+                Reach::Idle => st.idle_precleaned_until.max(st.precleaned_until),
+            }
+            .max(st.head);
+            // (The idle reach walks at most `PRECLEAN_IDLE_WALK_BLOCKS` past where it resumes
+            // per round, under this one state-lock hold; the next round goes on from there.)
+            let walk_end = match reach {
+                Reach::Horizon => u64::MAX,
+                Reach::Idle => resume.max(rejudged_until) + PRECLEAN_IDLE_WALK_BLOCKS,
+            };
+            let (from, until) = (st.head, window_end.min(st.written_tail).min(walk_end));
             let stretch = if dense_only { u64::from(self.layout.segment_blocks) } else { 1 };
             let free = st.head + self.layout.log_blocks - st.tail;
             let since = self.clock.now_ns().saturating_sub(WRITE_STREAM_ACTIVE_MS * 1_000_000);
@@ -230,7 +240,10 @@ impl Volume {
         };
         let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
         let mut st = self.lock();
-        st.precleaned_until = st.precleaned_until.max(until);
+        match reach {
+            Reach::Horizon => st.precleaned_until = st.precleaned_until.max(until),
+            Reach::Idle => st.idle_precleaned_until = st.idle_precleaned_until.max(until),
+        }
         st.counters.preclean_swept_blocks += swept;
         if reach == Reach::Idle {
             st.counters.preclean_idle_blocks += written as u64;
