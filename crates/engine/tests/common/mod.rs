@@ -16,6 +16,7 @@ use tiercache_format::{checksum, uuid_low64, CheckpointEntry, CheckpointHeader, 
 pub const BS: usize = 4096;
 
 pub mod holds;
+pub mod idle_rig;
 pub mod rewrite_rig;
 
 /// A block carrying its number and a version (the simulators' encoding), and the version
