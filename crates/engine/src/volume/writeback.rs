@@ -240,13 +240,13 @@ impl Volume {
         };
         let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
         let mut st = self.lock();
+        st.counters.preclean_swept_blocks += swept;
         match reach {
             Reach::Horizon => st.precleaned_until = st.precleaned_until.max(until),
-            Reach::Idle => st.idle_precleaned_until = st.idle_precleaned_until.max(until),
-        }
-        st.counters.preclean_swept_blocks += swept;
-        if reach == Reach::Idle {
-            st.counters.preclean_idle_blocks += written as u64;
+            Reach::Idle => {
+                st.idle_precleaned_until = st.idle_precleaned_until.max(until);
+                st.counters.preclean_idle_blocks += written as u64;
+            }
         }
         Ok(written)
     }
@@ -290,13 +290,9 @@ impl Volume {
     /// workload is still rewriting thins out before the head reaches it (the judge, looking
     /// at it now, would write back blocks about to be superseded).
     fn preclean_idle_reach(&self, st: &State) -> u64 {
-        #[allow(unused_mut)]
-        let mut age_ms = PRECLEAN_IDLE_AGE_MS;
-        #[cfg(feature = "testing")]
-        if let Some(ms) = self.options.preclean_idle_age_ms {
-            age_ms = ms;
-        }
-        let Some(before) = self.clock.now_ns().checked_sub(age_ms * 1_000_000) else { return 0 };
+        let Some(before) = self.clock.now_ns().checked_sub(self.preclean_idle_age_ms() * 1_000_000) else {
+            return 0;
+        };
         // The records before the first one sampled since then: a sample is taken at the first
         // record `AGE_SAMPLE_INTERVAL_MS` after the last, so those were written before the
         // last sample at or before then plus that interval (at most 10 ms younger than the
@@ -309,6 +305,16 @@ impl Volume {
         let old_until = st.age_samples.get(k).map_or(st.tail, |&(pos, _)| pos);
         let reach = self.layout.log_blocks * PRECLEAN_IDLE_REACH_PERMILLE / 1000;
         old_until.clamp(st.head, st.head + reach).saturating_sub(st.head)
+    }
+
+    /// The age of the data the idle reach takes: `PRECLEAN_IDLE_AGE_MS`; the test age, where
+    /// set (as `batch_bounds`).
+    fn preclean_idle_age_ms(&self) -> u64 {
+        #[cfg(feature = "testing")]
+        if let Some(ms) = self.options.preclean_idle_age_ms {
+            return ms;
+        }
+        PRECLEAN_IDLE_AGE_MS
     }
 
     /// Writes `blocks` back to the backing device (destage lock held): read from the cache
