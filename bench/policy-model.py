@@ -29,7 +29,8 @@ instead.
 Prints the model's miss ratio at 1/5/10/25 % of the trace's footprint beside libCacheSim's
 LRU, FIFO and best policy. It follows the engine's replay (`tiercache replay`) within about
 0.01-0.02 of miss ratio; it leaves out record headers, the reclaim reserve (together about
-1.5 % of the cache) and the sequential bypass.
+1.5 % of the cache) and the sequential bypass, and keeps the copies per reclaim record at
+half a segment where the engine takes up to a record's entries (volume/reclaim.rs).
 """
 import argparse, collections, csv, gzip
 

@@ -8,7 +8,11 @@
 //!   its room besides, evicting the least read of the window, so the writer's record waits
 //!   for a bounded number of reclaims (no hundred records of copies per write);
 //! - `the_hot_set_reads_back_intact`: after both, every block reads back the data last
-//!   written, from cache or backing device.
+//!   written, from cache or backing device;
+//! - `segments_smaller_than_a_record_copy_a_record_each`: a reclaim record carries up to a
+//!   record's entries of copies even where a segment is smaller (a header block per
+//!   segment's worth of copies took slots from the cache, and evicted a hot block per
+//!   record).
 
 use std::sync::Arc;
 use tiercache_device::SimDevice;
@@ -114,4 +118,31 @@ fn the_hot_set_reads_back_intact() {
         let want = if b < 64 { 7 } else { 0 };
         assert_eq!(read_version(&v, b).unwrap(), Some(want), "block {b}");
     }
+}
+
+#[test]
+fn segments_smaller_than_a_record_copy_a_record_each() {
+    // The same log of 1,024 blocks in 128 segments of 8: records of up to 128 data blocks.
+    let options = VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() };
+    let (c, _b, v) = volume_seg(128, 8, BACKING_BLOCKS, options);
+    read_once(&v, hot_order());
+    read_once(&v, hot_order());
+    let record = v.status().counters.records_written;
+    let before = (v.status().counters, c.stats().writes);
+    // Misses of one-time blocks until the head has passed the hot set once.
+    read_once(&v, (0..4 * RECORD_DATA).map(cold));
+    let after = v.status().counters;
+    let reinserted = after.reinserted_blocks - before.0.reinserted_blocks;
+    assert!(reinserted >= HOT - HOT / 16, "the head passed the hot set: {reinserted} of {HOT} copied");
+    // (Device writes: the misses' records and the reclaim records, one write each. A
+    // reclaim record's copies are bounded by the free room too, which is small on a full log:
+    // 28 copies each here, against 5.6 with a segment's bound.)
+    let reclaims = c.stats().writes - before.1 - (after.records_written - record);
+    assert!(
+        reclaims * 16 <= reinserted,
+        "{reinserted} copies took {reclaims} reclaim records: at least 16 copies each, not a segment's 8"
+    );
+    // (A segment's bound evicted 190 of them: a header and a hot block per few copies.)
+    let cached = hot_cached(&v);
+    assert!(cached >= HOT - HOT / 8, "{cached} of {HOT} hot blocks cached after {reinserted} copies");
 }
