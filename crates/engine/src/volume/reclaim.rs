@@ -91,10 +91,10 @@ impl Volume {
         // wrote a header per few copies. Replayed with 8-block segments, 10 % of arc_P6 missed
         // 0.435 with a segment's bound (9,186 blocks cached on average of 10,184) and 0.387
         // with a record's; the 16 points as the replay formats them went from 0.89 % to
-        // 0.76 % above the best on average. The reserve stays half a segment, and whatever the room, the window frees
-        // at least a block more than the record takes, so the reserve is free after it.)
-        let whole = self.staging_limit;
-        let copies_max = whole.min(free as usize - 2).max(self.copy_forward_max());
+        // 0.76 % above the best on average. The reserve stays half a segment, and whatever
+        // the room, the window frees at least a block more than the record takes, so the
+        // reserve is free after it.)
+        let copies_max = self.staging_limit.min(free as usize - 2).max(self.copy_forward_max());
         let room = (copies_max - dirty.len()).min(window_room);
         let kept = self.reinsertions(head, &mut new_head, &mut live, dirty.len(), room);
         // (The copy's cost: reading the copies, then writing and flushing the record; not the
