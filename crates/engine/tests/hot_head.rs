@@ -12,7 +12,9 @@
 //! - `segments_smaller_than_a_record_copy_a_record_each`: a reclaim record carries up to a
 //!   record's entries of copies even where a segment is smaller (a header block per
 //!   segment's worth of copies took slots from the cache, and evicted a hot block per
-//!   record).
+//!   record);
+//! - `dirty_blocks_among_the_hot_ones_evict_none_of_them`: a window cut short with dirty
+//!   blocks after the cut leaves them for a later window, as it leaves kept blocks.
 
 use std::sync::Arc;
 use tiercache_device::SimDevice;
@@ -145,4 +147,40 @@ fn segments_smaller_than_a_record_copy_a_record_each() {
     // (A segment's bound evicted 190 of them: a header and a hot block per few copies.)
     let cached = hot_cached(&v);
     assert!(cached >= HOT - HOT / 8, "{cached} of {HOT} hot blocks cached after {reinserted} copies");
+}
+
+#[test]
+fn dirty_blocks_among_the_hot_ones_evict_none_of_them() {
+    // The hot set as in `hot_log`, with a dirty block staged after every 32nd hot block:
+    // each record holds three, and a window cut short at the first hot block that does not
+    // fit its record has dirty blocks after the cut. (Such a window took the whole record
+    // and evicted every hot block beyond its room: 3 of a 127-block window kept.)
+    let (_c, _b, v) = volume();
+    let dirty = |n: u64| 15_000 + n;
+    for (n, b) in hot_order().enumerate() {
+        read_once(&v, std::iter::once(b));
+        if n % 32 == 31 {
+            write(&v, dirty(n as u64 / 32), 1);
+        }
+    }
+    v.flush().unwrap();
+    read_once(&v, hot_order());
+    assert_eq!(hot_cached(&v), HOT, "the hot set is cached");
+    let before = v.status().counters;
+    // Three records of one-time misses: the head passes the hot set once (a fourth would
+    // bring it to the copies, their counts spent, as the dirty blocks take 24 more slots).
+    read_once(&v, (0..3 * RECORD_DATA).map(cold));
+    let reinserted = v.status().counters.reinserted_blocks - before.reinserted_blocks;
+    let cached = hot_cached(&v);
+    assert!(reinserted >= HOT - HOT / 16, "the head passed the hot set: {reinserted} of {HOT} copied");
+    // (As with no dirty block, at most one hot block evicted per reclaim record, and one for
+    // each slot a dirty block takes from the log: 736 kept here, 690 when a window with a
+    // dirty block after its cut took the whole window.)
+    let records = reinserted.div_ceil(u64::from(SEGMENT) / 2);
+    assert!(cached >= HOT - records - HOT / 32, "{cached} of {HOT} hot blocks cached after {reinserted} copies");
+    // The dirty blocks were copied forward, never written back or lost.
+    for n in 0..HOT / 32 {
+        assert_eq!(slot_of(&v, dirty(n)).map(|(_, d)| d), Some(true), "dirty block {n} still cached dirty");
+        assert_eq!(read_version(&v, dirty(n)).unwrap(), Some(1));
+    }
 }

@@ -96,7 +96,7 @@ impl Volume {
         // reserve is free after it.)
         let copies_max = self.staging_limit.min(free as usize - 2).max(self.copy_forward_max());
         let room = (copies_max - dirty.len()).min(window_room);
-        let kept = self.reinsertions(head, &mut new_head, &mut live, dirty.len(), room);
+        let kept = self.reinsertions(head, &mut new_head, &mut live, &mut dirty, room);
         // (The copy's cost: reading the copies, then writing and flushing the record; not the
         // loss checkpoint or the write-around settle in between, which any reclaim may owe.)
         let read_started_ns = self.clock.now_ns();
@@ -330,7 +330,7 @@ impl Volume {
         head: u64,
         new_head: &mut u64,
         live: &mut Vec<Picked>,
-        dirty: usize,
+        dirty: &mut Vec<Picked>,
         room: usize,
     ) -> Vec<Picked> {
         let mut kept: Vec<Picked> = live.iter().filter(|p| self.keeps(p)).copied().collect();
@@ -345,16 +345,20 @@ impl Volume {
         let cut = kept[room].position;
         let writer_waits = self.foreground.load(Ordering::Relaxed) > 0;
         let min_progress = if writer_waits { (room as u64 / 16).max(1) } else { 1 };
-        // (The copies that fit a window ending at `cut` while it frees `min_progress`.)
-        let fits = (cut - head).saturating_sub(1 + dirty as u64 + min_progress) as usize;
-        let dirty_before_cut = live.iter().all(|p| !p.entry.dirty || p.position < cut);
-        if room == 0 || fits == 0 || !dirty_before_cut {
+        // (The copies that fit a window ending at `cut` while it frees `min_progress`. Dirty
+        // blocks after the cut stay where they are, for a later window, as kept ones do: a
+        // window that took them all instead evicted every kept block past its room, 124 of
+        // a 127-block window of blocks read again.)
+        let dirty_before_cut = dirty.iter().filter(|p| p.position < cut).count() as u64;
+        let fits = (cut - head).saturating_sub(1 + dirty_before_cut + min_progress) as usize;
+        if room == 0 || fits == 0 {
             // (The whole window: it frees at least a segment less half of one.)
             least_read_out(&mut kept, room);
             return kept;
         }
         *new_head = cut;
         live.retain(|p| p.position < cut);
+        dirty.retain(|p| p.position < cut);
         kept.truncate(room);
         if kept.len() > fits {
             least_read_out(&mut kept, fits);
