@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 29] = [
+        let counters: [(&str, &str, u64); 30] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -193,6 +193,11 @@ impl Collector for VolumeCollector {
                 "handed_off_records",
                 "Log records sealed by a writer that went on at once, their write handed to the record writer thread",
                 c.handed_off_records,
+            ),
+            (
+                "handed_off_by_readers",
+                "Of those, log records a reader sealed when its read misses' admissions filled staging",
+                c.handed_off_by_readers,
             ),
             (
                 "handed_off_records_written_by_waiters",

@@ -22,6 +22,9 @@ impl Volume {
         // A record handed off and still not begun (a record writer that died or stalls): the
         // background writes it, as it writes out stale staging.
         self.write_handed_off_record(false)?;
+        // (Readers that hand off the records their admissions fill leave the checkpoint to
+        // this thread: `try_hand_off_staging`.)
+        self.checkpoint_if_due()?;
         let active = {
             let mut st = self.lock();
             if dirty > high {

@@ -184,7 +184,7 @@ impl Volume {
     }
 
     /// A checkpoint, if the log written since the last one calls for it (io lock not held).
-    fn checkpoint_if_due(&self) -> Result<()> {
+    pub(super) fn checkpoint_if_due(&self) -> Result<()> {
         if self.checkpoint_due() {
             let _io = self.lock_io();
             if self.checkpoint_due() {
@@ -344,6 +344,42 @@ impl Volume {
         }
         st.counters.nested_record_writes += 1;
         self.seal_and_write(st, io, true, Some(during)).map(|()| true)
+    }
+
+    /// For a reader whose admissions filled staging: seals it and hands the record to the
+    /// record writer thread, if that needs no waiting: a record writer, the io lock free, no
+    /// record handed off and not yet begun, a record buffer spare and room at the tail
+    /// without a reclaim. Returns whether it did. (Waking the background thread to seal it
+    /// instead left staging full until that thread ran: on a 2-core machine busy with the
+    /// readers themselves, nbdcopy's cold read of 768 MiB into a 1 GiB cache admitted 15 %
+    /// of it, the rest refused as `bypassed_blocks_busy`.)
+    pub(super) fn try_hand_off_staging(&self) -> bool {
+        if !self.record_writer.load(Ordering::Relaxed) {
+            return false;
+        }
+        // (A try: a reader never waits for the log writer's lock.)
+        let Some(io) = self.try_lock_io_to_seal() else { return false };
+        let mut st = self.lock();
+        if st.check_poisoned().is_err() || !st.staging.data_full() || st.has_unclaimed_record() {
+            return false;
+        }
+        self.stage_record_meta(&mut st);
+        let blocks = 1 + st.staging.data.len() as u64;
+        if st.spare_bufs.is_empty() || st.tail + blocks + self.reclaim_reserve() > st.head + self.layout.log_blocks {
+            // (Metadata moved in stays staged for the next record.)
+            return false;
+        }
+        st.counters.handed_off_records += 1;
+        st.counters.handed_off_by_readers += 1;
+        drop(self.seal_staging(&mut st, false));
+        drop(st);
+        drop(io);
+        self.wake_record_writer();
+        if self.checkpoint_due() {
+            // (The background thread writes it: a reader never waits for the log.)
+            self.wake_background();
+        }
+        true
     }
 
     /// Seals staging (`st`, room made) and writes the record in the pipeline: its record lock

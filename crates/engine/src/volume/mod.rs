@@ -310,6 +310,10 @@ pub struct Counters {
     /// writer thread (`commit.rs`, handoff).
     #[serde(default)]
     pub handed_off_records: u64,
+    /// Of those, records a reader sealed when its admissions filled staging
+    /// (`try_hand_off_staging`).
+    #[serde(default)]
+    pub handed_off_by_readers: u64,
     /// Of those, records written by a thread that needed them written (a FLUSH, reclaim, a
     /// seal short of a record buffer) before the record writer began them.
     #[serde(default)]

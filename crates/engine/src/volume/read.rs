@@ -568,15 +568,16 @@ impl Volume {
     }
 
     /// Readers that filled staging with clean blocks write it out, so admission continues.
-    /// With a background thread, it is woken to write the record instead: a reader never
-    /// waits for the admission of what it read (the staging buffer is swapped out at seal
-    /// time, so admission goes on while the record is written).
+    /// With a record writer thread, the reader seals it and hands it off where that needs no
+    /// waiting (`try_hand_off_staging`); else, with a background thread, that one is woken to
+    /// write the record: a reader never waits for the admission of what it read (the staging
+    /// buffer is swapped out at seal time, so admission goes on while the record is written).
     fn commit_if_staging_full(&self) {
         let full = {
             let st = self.lock();
             st.staging.data_full()
         };
-        if full && !self.wake_background() {
+        if full && !self.try_hand_off_staging() && !self.wake_background() {
             if let Some(mut io) = self.try_lock_io() {
                 let _ = self.write_out(&mut io);
             }
