@@ -39,6 +39,28 @@ impl Volume {
             st.staging.remove(b, self.bs);
             st.hot_on_install.remove(&b);
         }
+        // Clean fills in records sealed and not yet in the index (being written, or handed
+        // off to the record writer by a reader: `try_hand_off_staging`) leave the record's
+        // map, so neither a read nor the record's install serves them; like a dropped index
+        // entry, a crash may bring one back from the record (`dropped_without_record`). Else
+        // a read after the TRIM served the old data from the record, and its install put it
+        // in the index (`tests/adversarial_reader_handoff.rs`).
+        let mut in_flight_clean: Vec<(u64, u64)> = Vec::new();
+        for r in st.inflight.iter_mut() {
+            let (position, data) = (r.position, &r.data);
+            r.map.retain(|&b, &mut k| {
+                let drop = data[k].1 == EntryKind::DataClean && (first..end).contains(&b);
+                if drop {
+                    in_flight_clean.push((b, position + 1 + k as u64));
+                }
+                !drop
+            });
+        }
+        for (b, position) in in_flight_clean {
+            st.around.dropped_without_record(b, position);
+            st.hot_on_install.remove(&b);
+            st.counters.evicted_blocks += 1;
+        }
         st.probation.forget_range(first..end);
         // A read of the range in flight must not admit what it read before the TRIM: after a
         // TRIM the volume promises nothing of the old data, and the backing device may change
