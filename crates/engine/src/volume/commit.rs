@@ -334,16 +334,20 @@ impl Volume {
         let mut st = self.lock();
         st.check_poisoned()?;
         self.stage_record_meta(&mut st);
-        let blocks = 1 + st.staging.data.len() as u64;
-        if st.staging.is_empty()
-            || st.spare_bufs.is_empty()
-            || st.tail + blocks + self.reclaim_reserve() > st.head + self.layout.log_blocks
-        {
+        if st.staging.is_empty() || !self.seals_without_waiting(&st) {
             // (Metadata moved in stays staged for the next record.)
             return Ok(false);
         }
         st.counters.nested_record_writes += 1;
         self.seal_and_write(st, io, true, Some(during)).map(|()| true)
+    }
+
+    /// Whether staging can be sealed now with nothing to wait for: a record buffer spare and
+    /// room at the tail for its record and reclaim's reserve, without a reclaim (the tries of
+    /// `try_commit_nested` and `try_hand_off_staging`; `staged_with_room` waits for both).
+    fn seals_without_waiting(&self, st: &State) -> bool {
+        let blocks = 1 + st.staging.data.len() as u64;
+        !st.spare_bufs.is_empty() && st.tail + blocks + self.reclaim_reserve() <= st.head + self.layout.log_blocks
     }
 
     /// For a reader whose admissions filled staging: seals it and hands the record to the
@@ -364,8 +368,7 @@ impl Volume {
             return false;
         }
         self.stage_record_meta(&mut st);
-        let blocks = 1 + st.staging.data.len() as u64;
-        if st.spare_bufs.is_empty() || st.tail + blocks + self.reclaim_reserve() > st.head + self.layout.log_blocks {
+        if !self.seals_without_waiting(&st) {
             // (Metadata moved in stays staged for the next record.)
             return false;
         }
