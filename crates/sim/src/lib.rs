@@ -1663,6 +1663,16 @@ fn run_cycle(
 mod tests {
     use super::*;
 
+    /// Runs each seed in the default configuration and asserts that it passed; yields
+    /// (seed, report) for the test's own checks of what the seeds exercised.
+    fn passing(seeds: impl IntoIterator<Item = u64>) -> impl Iterator<Item = (u64, SimReport)> {
+        seeds.into_iter().map(|seed| {
+            let r = run(SimConfig { seed, ..SimConfig::default() });
+            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
+            (seed, r)
+        })
+    }
+
     #[test]
     fn one_seed_replays_exactly() {
         let a = run(SimConfig { seed: 11, cycles: 3, ops: 30, sabotage: Sabotage::None });
@@ -1751,12 +1761,7 @@ mod tests {
     /// seeds, 3 and 30 among them); each passes.
     #[test]
     fn dense_windows_copied_over_the_lap_pass() {
-        let mut throughs = 0;
-        for seed in [3, 30] {
-            let r = run(SimConfig { seed, ..SimConfig::default() });
-            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
-            throughs += r.dense_copy_throughs;
-        }
+        let throughs: u64 = passing([3, 30]).map(|(_, r)| r.dense_copy_throughs).sum();
         assert!(throughs > 0, "no dense window copied over the lap in seeds 3 and 30: the test proves nothing");
     }
 
@@ -1767,9 +1772,7 @@ mod tests {
     /// .., 399: 31, 79, 167, 191, 223 and 247, all passing.
     #[test]
     fn reclaim_records_of_more_than_a_segment_pass() {
-        for seed in [31, 79] {
-            let r = run(SimConfig { seed, ..SimConfig::default() });
-            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
+        for (seed, r) in passing([31, 79]) {
             assert!(r.reinserted_blocks > 0, "seed {seed} reinserted nothing: the test proves nothing");
         }
     }
@@ -1781,9 +1784,7 @@ mod tests {
     /// crashes, readers and writers around it: seeds 30 (4 windows) and 34 (5), passing.
     #[test]
     fn windows_cut_before_dirty_blocks_pass() {
-        for seed in [30, 34] {
-            let r = run(SimConfig { seed, ..SimConfig::default() });
-            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
+        for (seed, r) in passing([30, 34]) {
             assert!(r.reinserted_blocks > 0, "seed {seed} reinserted nothing: the test proves nothing");
         }
     }
@@ -1794,12 +1795,7 @@ mod tests {
     /// 112 (2), all passing.
     #[test]
     fn records_readers_hand_off_pass() {
-        let mut by_readers = 0;
-        for seed in [36, 76] {
-            let r = run(SimConfig { seed, ..SimConfig::default() });
-            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
-            by_readers += r.handed_off_by_readers;
-        }
+        let by_readers: u64 = passing([36, 76]).map(|(_, r)| r.handed_off_by_readers).sum();
         assert!(by_readers > 0, "no reader handed off a record in seeds 36 and 76: the test proves nothing");
     }
 
@@ -1810,12 +1806,7 @@ mod tests {
     /// 12..90 it happened in 35 (3 batches), 41 (6), 47 (3), 53 (1) and 59 (4).
     #[test]
     fn probation_batches_the_record_writer_writes_pass() {
-        let mut by_record_writer = 0;
-        for seed in [35, 41] {
-            let r = run(SimConfig { seed, ..SimConfig::default() });
-            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
-            by_record_writer += r.probation_batches_by_record_writer;
-        }
+        let by_record_writer: u64 = passing([35, 41]).map(|(_, r)| r.probation_batches_by_record_writer).sum();
         assert!(
             by_record_writer > 0,
             "no probation batch written by the record writer in seeds 35 and 41: the test proves nothing"
@@ -1827,12 +1818,7 @@ mod tests {
     /// write-back and crashes move the blocks under it: every read is checked exactly.
     #[test]
     fn reads_of_several_runs_in_one_batch_pass() {
-        let mut batched = 0;
-        for seed in 0..4 {
-            let r = run(SimConfig { seed, ..SimConfig::default() });
-            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
-            batched += r.batched_cache_reads;
-        }
+        let batched: u64 = passing(0..4).map(|(_, r)| r.batched_cache_reads).sum();
         assert!(batched > 0, "no read of several runs in seeds 0..4: the test proves nothing");
     }
 
@@ -1844,9 +1830,7 @@ mod tests {
     #[test]
     fn writers_staging_during_their_record_writes_pass() {
         let (mut staged, mut nested) = (0, 0);
-        for seed in 0..6 {
-            let r = run(SimConfig { seed, ..SimConfig::default() });
-            assert!(r.passed(), "seed {seed}: {:#?}", r.violations);
+        for (_, r) in passing(0..6) {
             staged += r.staged_during_record_writes;
             nested += r.nested_record_writes;
         }
