@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 30] = [
+        let counters: [(&str, &str, u64); 31] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -169,8 +169,13 @@ impl Collector for VolumeCollector {
             ),
             (
                 "written_around_blocks",
-                "Blocks written straight to the backing device (write-around while destage-bound)",
+                "Blocks written straight to the backing device (write-around: while destage-bound, or large new data meeting a dirty log head)",
                 c.written_around_blocks,
+            ),
+            (
+                "written_around_at_dirty_head",
+                "Large writes of uncached blocks sent around the cache below the high watermark because the log head held dirty data",
+                c.written_around_at_dirty_head,
             ),
             ("concurrent_write_arounds", "Write-arounds begun while another was under way", c.concurrent_write_arounds),
             ("records_written", "Log records written to the cache device", c.records_written),

@@ -103,7 +103,7 @@ impl Volume {
                 let st = self.lock();
                 st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st)
             };
-            if !short || self.reclaim_waits_for_destage() {
+            if !short || self.reclaim_waits_for_destage() || self.writes_go_around_the_dirty_head() {
                 break;
             }
             let batch = self.background_batch_blocks();

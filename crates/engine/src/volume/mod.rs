@@ -391,6 +391,11 @@ pub struct Counters {
     /// Write-arounds that began while another was under way (they run concurrently).
     #[serde(default)]
     pub concurrent_write_arounds: u64,
+    /// Large writes of uncached blocks sent around the cache below the high watermark,
+    /// because the log's head held dirty data they would have displaced (decisions: a write
+    /// refused afterwards by a block's state is counted too).
+    #[serde(default)]
+    pub written_around_at_dirty_head: u64,
 }
 
 struct State {
@@ -431,6 +436,9 @@ struct State {
     durable_tail: u64,
     /// The background pre-cleaner has looked at every record before this position.
     precleaned_until: u64,
+    /// Clock time of the last pre-clean batch within the horizon that wrote something back
+    /// (`goes_around_now`: the log's room is being bought with write-back).
+    precleaned_ns: Option<u64>,
     /// The idle reach (`Reach::Idle`) has looked at every record before this position: its
     /// own cursor, so that the horizon's rounds still judge a window when it comes within
     /// their horizon, with the costs and watermark of then.
@@ -475,6 +483,12 @@ struct State {
     /// Where the frequency gate's search for the log's next victim resumes
     /// (`admission.rs`, `victim_frequency`): no block between the head and here was one.
     victim_cursor: std::cell::Cell<u64>,
+    /// Where the search for a densely dirty segment near the head resumes
+    /// (`dirty_head_in_the_way`): no segment before it held more dirty blocks than a reclaim
+    /// copies forward when it was looked at. (Positions looked at never gain a dirty block:
+    /// only records whose entries are in the index are, and new data and reclaim's copies
+    /// land at the tail; a write-back or a rewrite only makes them fewer.)
+    dense_dirty_from: u64,
     /// The read cache's probation ring (`probation.rs`).
     probation: probation::Probation,
     /// How often blocks were read lately, the duel of admission rules, and whether the log
@@ -742,6 +756,7 @@ impl Volume {
                 written_tail: r.tail,
                 durable_tail: r.tail,
                 precleaned_until: r.head,
+                precleaned_ns: None,
                 idle_precleaned_until: r.head,
                 barren_since: None,
                 checkpoint_position: r.checkpoint_position,
@@ -776,6 +791,7 @@ impl Volume {
                 // log 0.89 % and 1.82 %.)
                 ghosts: crate::ghost::Ghosts::new(layout.log_blocks as usize),
                 victim_cursor: std::cell::Cell::new(0),
+                dense_dirty_from: 0,
                 hot_on_install: HashSet::new(),
                 probation: probation::Probation::new(
                     if options.eviction.has_ring() { layout.probation_blocks } else { 0 },

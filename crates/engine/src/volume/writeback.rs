@@ -242,7 +242,12 @@ impl Volume {
         let mut st = self.lock();
         st.counters.preclean_swept_blocks += swept;
         match reach {
-            Reach::Horizon => st.precleaned_until = st.precleaned_until.max(until),
+            Reach::Horizon => {
+                st.precleaned_until = st.precleaned_until.max(until);
+                if written > 0 {
+                    st.precleaned_ns = Some(self.clock.now_ns());
+                }
+            }
             Reach::Idle => {
                 st.idle_precleaned_until = st.idle_precleaned_until.max(until);
                 st.counters.preclean_idle_blocks += written as u64;
