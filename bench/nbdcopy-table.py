@@ -91,7 +91,9 @@ try:
     c1, c2 = st["counters"], st2["counters"]
     wb = (c2["destaged_blocks"] - c1["destaged_blocks"]) * 4096
     moved = (c2["reinserted_blocks"] - c1["reinserted_blocks"] + c2["copied_forward_blocks"] - c1["copied_forward_blocks"]) * 4096
-    print(f"  (meanwhile {wb / MiB:.0f} MiB written back and {moved / MiB:.0f} MiB copied forward or reinserted)")
+    around = (c2.get("written_around_blocks", 0) - c1.get("written_around_blocks", 0)) * 4096
+    print(f"  (meanwhile {wb / MiB:.0f} MiB written back, {moved / MiB:.0f} MiB copied forward or reinserted, "
+          f"{around / MiB:.0f} MiB written around the cache)")
     if rows_by.get("dropped") and rows_by.get("kwrite"):
         # The disk's time for that work at the rates measured above (reads at the dropped-cache
         # read rate, backing writes at nbdkit's write rate, log writes at the empty-cache rate).

@@ -11,6 +11,8 @@
 //!   I/O cost);
 //! - `the_pre_cleaner_leaves_the_dirty_head_while_writes_go_around_it`: for
 //!   `WRITE_AROUND_YIELD_MS` after such a write, the pre-cleaner does not write the head back;
+//! - `the_pre_cleaner_yields_no_longer_once_a_block_goes_through_the_log`: a writer through
+//!   the log needs the room, so the yield ends;
 //! - `a_write_meeting_a_head_the_pre_cleaner_just_cleaned_goes_around`: the room at the tail
 //!   was just bought with write-back, so the write goes around although the head it meets is
 //!   clean; with no write-back lately, through the log.
@@ -164,6 +166,19 @@ fn the_pre_cleaner_leaves_the_dirty_head_while_writes_go_around_it() {
     clock.advance_ns(150_000_000);
     v.background_tick().unwrap();
     assert!(v.status().counters.destaged_blocks > 0, "the pre-cleaner runs again");
+}
+
+#[test]
+fn the_pre_cleaner_yields_no_longer_once_a_block_goes_through_the_log() {
+    let clock = SimClock::new();
+    let (_cache, _backing, v) = dirty_head(&clock);
+    v.write(3000 * BS as u64, &stamps(3000, 2 * LARGE, 2)).unwrap();
+    v.background_tick().unwrap();
+    assert_eq!(v.status().counters.destaged_blocks, 0, "the pre-cleaner yielded");
+    // A small write, through the log, within the 100 ms: that writer needs the room.
+    v.write(3500 * BS as u64, &stamps(3500, 1, 2)).unwrap();
+    v.background_tick().unwrap();
+    assert!(v.status().counters.destaged_blocks > 0, "the pre-cleaner runs for the writer through the log");
 }
 
 #[test]

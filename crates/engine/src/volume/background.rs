@@ -99,11 +99,12 @@ impl Volume {
     /// dirty ones are left to reclaim's copy-forward, which costs less.
     fn preclean_below_watermark(&self) -> Result<()> {
         for _ in 0..PRECLEAN_BATCHES_PER_TICK {
-            let short = {
+            let (short, yielding) = {
                 let st = self.lock();
-                st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st)
+                let short = st.head + self.layout.log_blocks - st.tail < self.preclean_horizon(&st);
+                (short, self.writes_go_around_the_dirty_head(&st))
             };
-            if !short || self.reclaim_waits_for_destage() || self.writes_go_around_the_dirty_head() {
+            if !short || yielding || self.reclaim_waits_for_destage() {
                 break;
             }
             let batch = self.background_batch_blocks();

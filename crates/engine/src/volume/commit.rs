@@ -533,6 +533,9 @@ impl Volume {
     fn install_record(&self, st: &mut State, record: Inflight) {
         let Inflight { position: pos, blocks, buf, mut data, mut map, losses, .. } = record;
         st.written_tail = pos + blocks;
+        // (The search for a dense dirty segment stops at records in flight; this one's
+        // entries are in the index from now, so it is looked at again: `dense_dirty_from`.)
+        st.dense_dirty_from = st.dense_dirty_from.min(pos);
         for e in losses {
             if let Some(l) = st.lost.get_mut(&e) {
                 if l.logged == Logged::Staged {

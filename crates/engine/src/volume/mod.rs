@@ -484,10 +484,10 @@ struct State {
     /// (`admission.rs`, `victim_frequency`): no block between the head and here was one.
     victim_cursor: std::cell::Cell<u64>,
     /// Where the search for a densely dirty segment near the head resumes
-    /// (`dirty_head_in_the_way`): no segment before it held more dirty blocks than a reclaim
-    /// copies forward when it was looked at. (Positions looked at never gain a dirty block:
-    /// only records whose entries are in the index are, and new data and reclaim's copies
-    /// land at the tail; a write-back or a rewrite only makes them fewer.)
+    /// (`dirty_head_in_the_way`): no segment before it holds more dirty blocks than a reclaim
+    /// copies forward. Positions gain dirty entries only when a record's entries enter the
+    /// index (`install_record`, a reclaim's copies in `finish_reclaim`), and those move it
+    /// back to the record; a write-back, a rewrite or a TRIM only makes them fewer.
     dense_dirty_from: u64,
     /// The read cache's probation ring (`probation.rs`).
     probation: probation::Probation,

@@ -530,6 +530,9 @@ impl Volume {
         st.head = new_head;
         st.around.head_moved(new_head);
         st.admission.note_reclaim();
+        // (Its copies enter the index only now, behind a record written at the tail before:
+        // the search for a dense dirty segment may have passed those positions meanwhile.)
+        st.dense_dirty_from = st.dense_dirty_from.min(pos);
         for (k, p) in copies.iter().enumerate() {
             if let Some(current) = st.index.get(p.block) {
                 if current.slot == p.entry.slot {
