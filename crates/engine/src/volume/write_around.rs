@@ -276,8 +276,8 @@ impl Volume {
     /// next quarter holds a segment with more dirty blocks than a reclaim copies forward
     /// (`dirty_head_in_the_way`), or the pre-cleaner wrote back ahead of the writers lately
     /// (`precleaned_lately`); if no block of the write has a copy in the cache. Through the
-    /// log such a write costs a log write plus, for each dirty block it
-    /// displaces, a cache read and a backing write (or a cache write) in the writer's path;
+    /// log such a write costs a log write plus, for each dirty block it displaces, a cache
+    /// read and a backing write (or a cache write) in the writer's path;
     /// around it, one backing write, and the dirty data stays cached as the watermarks say
     /// (bcache likewise sends large sequential writes around its cache). A block with a copy
     /// goes through the log: a rewrite of data the log holds supersedes it there (a rewrite
@@ -303,7 +303,7 @@ impl Volume {
     /// in half the runs of `bench seq`'s dirty-head case (0.28-0.39 of the empty-cache rate
     /// there, on one disk, against 0.6-1.2 when they went around).
     fn precleaned_lately(&self, st: &State) -> bool {
-        st.precleaned_ns.is_some_and(|t| self.clock.now_ns().saturating_sub(t) < WRITE_AROUND_YIELD_MS * 1_000_000)
+        self.within_yield(st.precleaned_ns)
     }
 
     /// Whether the log lacks room for `n` more blocks without a reclaim, with a segment and a
@@ -412,10 +412,7 @@ impl Volume {
     /// Reclaim still writes back what a writer through the cache needs.
     pub(super) fn write_around_has_the_backing_device(&self) -> bool {
         let st = self.lock();
-        let recent = st
-            .around
-            .last_ns
-            .is_some_and(|t| self.clock.now_ns().saturating_sub(t) < WRITE_AROUND_YIELD_MS * 1_000_000);
+        let recent = self.within_yield(st.around.last_ns);
         let room = (st.index.dirty_len() as u64) * 1000 < self.layout.log_blocks * WRITE_AROUND_YIELD_MAX_PERMILLE;
         recent && room
     }
@@ -428,11 +425,12 @@ impl Volume {
     /// (`adversarial_around_dirty_head.rs`: small writers beside large write-arounds paid 7
     /// such reclaims in 1.2 s where the pre-cleaner, not yielding, left them none).
     pub(super) fn writes_go_around_the_dirty_head(&self, st: &State) -> bool {
-        let recent = st
-            .around
-            .dirty_head_ns
-            .is_some_and(|t| self.clock.now_ns().saturating_sub(t) < WRITE_AROUND_YIELD_MS * 1_000_000);
-        recent && through_log_blocks(st) == st.around.dirty_head_through_log
+        self.within_yield(st.around.dirty_head_ns) && through_log_blocks(st) == st.around.dirty_head_through_log
+    }
+
+    /// Whether clock time `t` (none: never) lies within the last `WRITE_AROUND_YIELD_MS`.
+    fn within_yield(&self, t: Option<u64>) -> bool {
+        t.is_some_and(|t| self.clock.now_ns().saturating_sub(t) < WRITE_AROUND_YIELD_MS * 1_000_000)
     }
 
     /// Makes every write-around so far durable on the backing device (a backing flush, if
