@@ -17,7 +17,7 @@
 use crate::aligned::AlignedBuf;
 use crate::error::{DeviceError, Result};
 use crate::uring;
-use crate::{check_request, read_one_after_another, write_one_after_another, BlockDevice, ReadRange};
+use crate::{check_request, write_one_after_another, BlockDevice, EachRange, ReadRange};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt, PermissionsExt};
@@ -154,6 +154,110 @@ impl FileDevice {
 
     fn io_err(&self, op: &'static str, source: io::Error) -> DeviceError {
         DeviceError::Io { path: self.path.clone(), op, source }
+    }
+
+    /// `read_batch` (`each` None: one wait for the whole batch) and `read_batch_each`.
+    fn read_batch_inner(&self, ranges: &mut [ReadRange<'_>], each: Option<&mut EachRange<'_>>) -> Vec<Result<()>> {
+        let valid = ranges.iter().all(|r| {
+            let len = r.bufs.iter().map(|b| b.len() as u64).sum::<u64>();
+            len > 0 && r.bufs.len() <= MAX_IOVECS && check_request(self, r.offset, len).is_ok()
+        });
+        let mut ignore = |_: usize, _: &ReadRange<'_>, _: &Result<()>| {};
+        let progressive = each.is_some();
+        let each = each.unwrap_or(&mut ignore);
+        let one_by_one = |ranges: &mut [ReadRange<'_>], each: &mut EachRange<'_>| {
+            ranges
+                .iter_mut()
+                .enumerate()
+                .map(|(k, r)| {
+                    let result = self.read_vectored_at(r.offset, &mut r.bufs);
+                    each(k, r, &result);
+                    result
+                })
+                .collect()
+        };
+        if ranges.len() < 2 || !valid {
+            // (One range gains nothing from the ring; a bad one gets its precise error there.)
+            return one_by_one(ranges, each);
+        }
+        // A range with a misaligned buffer is read into an aligned bounce buffer (one per such
+        // range), copied out afterwards.
+        let mut bounces: Vec<Option<AlignedBuf>> = ranges
+            .iter()
+            .map(|r| {
+                r.bufs
+                    .iter()
+                    .any(|b| self.needs_bounce(b.as_ptr()))
+                    .then(|| AlignedBuf::new(r.bufs.iter().map(|b| b.len()).sum::<usize>()))
+            })
+            .collect();
+        let reads: Vec<uring::Vectored> = ranges
+            .iter_mut()
+            .zip(bounces.iter_mut())
+            .map(|(r, bounce)| {
+                let iovecs = match bounce {
+                    Some(b) => vec![libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }],
+                    None => r
+                        .bufs
+                        .iter_mut()
+                        .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
+                        .collect(),
+                };
+                uring::Vectored { offset: r.offset, iovecs }
+            })
+            .collect();
+        let lens: Vec<usize> = ranges.iter().map(|r| r.bufs.iter().map(|b| b.len()).sum()).collect();
+        // Ranges read whole into their own buffers are handed over as they complete; the
+        // rest (a bounce to copy out, a short read or an error to redo) after the batch.
+        let mut handed = vec![false; ranges.len()];
+        let counts = {
+            let ranges = &*ranges;
+            let mut early = |k: usize, count: &std::io::Result<usize>| {
+                if bounces[k].is_none() && matches!(count, Ok(n) if *n == lens[k]) {
+                    each(k, &ranges[k], &Ok(()));
+                    handed[k] = true;
+                }
+            };
+            // SAFETY: every iovec points into a buffer exclusively borrowed by `ranges` or
+            // owned by `bounces`, both alive and untouched until the batch returns, except by
+            // `early` for a range whose read has completed.
+            unsafe {
+                if progressive {
+                    uring::readv_batch_each(self.file.as_raw_fd(), &reads, &mut early)
+                } else {
+                    uring::readv_batch(self.file.as_raw_fd(), &reads)
+                }
+            }
+        };
+        drop(reads);
+        let Some(counts) = counts else {
+            return one_by_one(ranges, each);
+        };
+        ranges
+            .iter_mut()
+            .zip(bounces)
+            .zip(counts)
+            .enumerate()
+            .map(|(k, ((r, bounce), count))| {
+                if handed[k] {
+                    return Ok(());
+                }
+                let result = match count {
+                    Ok(n) if n == lens[k] => {
+                        if let Some(b) = bounce {
+                            scatter(&b, &mut r.bufs);
+                        }
+                        Ok(())
+                    }
+                    // A short read or any error: the range again, on its own (the synchronous
+                    // path resumes short reads, retries EINTR, and reports an error as the
+                    // device gives it to `preadv`, where a file system refused the ring's).
+                    _ => self.read_vectored_at(r.offset, &mut r.bufs),
+                };
+                each(k, r, &result);
+                result
+            })
+            .collect()
     }
 
     fn needs_bounce(&self, ptr: *const u8) -> bool {
@@ -328,66 +432,11 @@ impl BlockDevice for FileDevice {
     }
 
     fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<Result<()>> {
-        let valid = ranges.iter().all(|r| {
-            let len = r.bufs.iter().map(|b| b.len() as u64).sum::<u64>();
-            len > 0 && r.bufs.len() <= MAX_IOVECS && check_request(self, r.offset, len).is_ok()
-        });
-        if ranges.len() < 2 || !valid {
-            // (One range gains nothing from the ring; a bad one gets its precise error there.)
-            return read_one_after_another(self, ranges);
-        }
-        // A range with a misaligned buffer is read into an aligned bounce buffer (one per such
-        // range), copied out afterwards.
-        let mut bounces: Vec<Option<AlignedBuf>> = ranges
-            .iter()
-            .map(|r| {
-                r.bufs
-                    .iter()
-                    .any(|b| self.needs_bounce(b.as_ptr()))
-                    .then(|| AlignedBuf::new(r.bufs.iter().map(|b| b.len()).sum::<usize>()))
-            })
-            .collect();
-        let reads: Vec<uring::Vectored> = ranges
-            .iter_mut()
-            .zip(bounces.iter_mut())
-            .map(|(r, bounce)| {
-                let iovecs = match bounce {
-                    Some(b) => vec![libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() }],
-                    None => r
-                        .bufs
-                        .iter_mut()
-                        .map(|b| libc::iovec { iov_base: b.as_mut_ptr().cast(), iov_len: b.len() })
-                        .collect(),
-                };
-                uring::Vectored { offset: r.offset, iovecs }
-            })
-            .collect();
-        // SAFETY: every iovec points into a buffer exclusively borrowed by `ranges` or owned by
-        // `bounces`, both alive and untouched until `readv_batch` returns.
-        let Some(counts) = (unsafe { uring::readv_batch(self.file.as_raw_fd(), &reads) }) else {
-            return read_one_after_another(self, ranges);
-        };
-        drop(reads);
-        ranges
-            .iter_mut()
-            .zip(bounces)
-            .zip(counts)
-            .map(|((r, bounce), count)| {
-                let len: usize = r.bufs.iter().map(|b| b.len()).sum();
-                match count {
-                    Ok(n) if n == len => {
-                        if let Some(b) = bounce {
-                            scatter(&b, &mut r.bufs);
-                        }
-                        Ok(())
-                    }
-                    // A short read or any error: the range again, on its own (the synchronous
-                    // path resumes short reads, retries EINTR, and reports an error as the
-                    // device gives it to `preadv`, where a file system refused the ring's).
-                    _ => self.read_vectored_at(r.offset, &mut r.bufs),
-                }
-            })
-            .collect()
+        self.read_batch_inner(ranges, None)
+    }
+
+    fn read_batch_each(&self, ranges: &mut [ReadRange<'_>], each: &mut EachRange<'_>) -> Vec<Result<()>> {
+        self.read_batch_inner(ranges, Some(each))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
@@ -869,6 +918,66 @@ mod tests {
                 let offset = (i * 5) % 500 * 4096;
                 let len = (1 + i % 3) * 4096;
                 let got = if i % 4 == 2 { &b[1..1 + len] } else { &b[..len] };
+                assert_eq!(got, &data[offset..offset + len], "range {i} (direct {direct})");
+            }
+        }
+    }
+
+    /// `read_batch_each`: every range of a batch larger than a ring, of every shape (bounced
+    /// ones too), and one out of the device, is handed over exactly once, with its final
+    /// result, and with its data already in place when it is handed over (the engine checks
+    /// checksums then); the results returned are the ones handed over. A panic in the
+    /// callback comes back once nothing is in flight.
+    #[test]
+    fn a_batch_hands_each_range_over_once_with_its_data_in_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (p, data) = patterned(&dir, 512);
+        for direct in [true, false] {
+            let dev = match FileDevice::open_with(&p, OpenOptions { direct, lock: true, read_only: false }) {
+                Err(DeviceError::DirectIoUnsupported { .. }) => continue,
+                r => r.unwrap(),
+            };
+            let n = 2 * crate::uring::RING_ENTRIES + 3;
+            let bad = 7;
+            let mut bufs: Vec<AlignedBuf> = (0..n).map(|i| AlignedBuf::new((1 + i % 3) * 4096 + 1)).collect();
+            let mut ranges: Vec<ReadRange<'_>> = bufs
+                .iter_mut()
+                .enumerate()
+                .map(|(i, b)| {
+                    let offset = if i == bad { 512 * 4096 } else { ((i * 5) % 500) as u64 * 4096 };
+                    let len = (1 + i % 3) * 4096;
+                    let bufs = match i % 3 {
+                        0 => vec![&mut b[..len]],
+                        1 => b[..len].chunks_mut(4096).collect(),
+                        _ => vec![&mut b[1..1 + len]], // misaligned: bounced
+                    };
+                    ReadRange { offset, bufs }
+                })
+                .collect();
+            let mut handed: Vec<Option<bool>> = vec![None; n];
+            let results = dev.read_batch_each(&mut ranges, &mut |k, range, result| {
+                assert!(handed[k].is_none(), "range {k} handed over twice");
+                handed[k] = Some(result.is_ok());
+                if result.is_ok() {
+                    let got: Vec<u8> = range.bufs.iter().flat_map(|b| b.iter().copied()).collect();
+                    let offset = range.offset as usize;
+                    assert_eq!(got, &data[offset..offset + got.len()], "range {k} (direct {direct}) when handed over");
+                }
+            });
+            assert_eq!(results.len(), n);
+            for (k, r) in results.iter().enumerate() {
+                assert_eq!(handed[k], Some(r.is_ok()), "range {k}: handed over as returned");
+                assert_eq!(r.is_ok(), k != bad, "range {k}: {r:?}");
+            }
+            let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                dev.read_batch_each(&mut ranges, &mut |k, _, _| assert_ne!(k, 3, "a callback's panic"))
+            }));
+            assert!(caught.is_err(), "the callback's panic comes back");
+            drop(ranges);
+            for (i, b) in bufs.iter().enumerate().filter(|&(i, _)| i != bad) {
+                let offset = (i * 5) % 500 * 4096;
+                let len = (1 + i % 3) * 4096;
+                let got = if i % 3 == 2 { &b[1..1 + len] } else { &b[..len] };
                 assert_eq!(got, &data[offset..offset + len], "range {i} (direct {direct})");
             }
         }

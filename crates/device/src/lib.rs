@@ -43,8 +43,11 @@ pub struct ReadRange<'a> {
     pub bufs: Vec<&'a mut [u8]>,
 }
 
-/// Reads each range of a batch on its own, in order (`read_batch`'s fallback, and
-/// `FileDevice`'s where the ring gains nothing or is unavailable).
+/// What `BlockDevice::read_batch_each` calls with each range as it is read: its index in the
+/// batch, the range, its result.
+pub type EachRange<'f> = dyn FnMut(usize, &ReadRange<'_>, &Result<()>) + 'f;
+
+/// Reads each range of a batch on its own, in order (`read_batch`'s fallback).
 pub(crate) fn read_one_after_another<D: BlockDevice + ?Sized>(
     dev: &D,
     ranges: &mut [ReadRange<'_>],
@@ -88,6 +91,19 @@ pub trait BlockDevice: Send + Sync {
     /// them together through io_uring, [`EmulatedDevice`] books them as concurrent requests.
     fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<Result<()>> {
         read_one_after_another(self, ranges)
+    }
+    /// `read_batch`, handing each range to `each` (its index, the range, its result) as soon
+    /// as it is read, in the order the reads complete, while later ones may still be in
+    /// flight: the caller checks what has arrived (the engine verifies a large cache hit's
+    /// checksums) while the device reads the rest. Each range is handed over exactly once,
+    /// with its final result. The fallback reads the whole batch, then hands the ranges over
+    /// in order; [`FileDevice`] hands each over as the ring completes it.
+    fn read_batch_each(&self, ranges: &mut [ReadRange<'_>], each: &mut EachRange<'_>) -> Vec<Result<()>> {
+        let results = self.read_batch(ranges);
+        for (k, (range, result)) in ranges.iter().zip(&results).enumerate() {
+            each(k, range, result);
+        }
+        results
     }
     /// Writes `buf` at `offset`. Visible to reads on completion; durable after the next flush.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
@@ -170,6 +186,9 @@ macro_rules! forward_block_device {
             }
             fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<Result<()>> {
                 (**self).read_batch(ranges)
+            }
+            fn read_batch_each(&self, ranges: &mut [ReadRange<'_>], each: &mut EachRange<'_>) -> Vec<Result<()>> {
+                (**self).read_batch_each(ranges, each)
             }
             fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
                 (**self).write_at(offset, buf)

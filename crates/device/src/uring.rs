@@ -19,6 +19,10 @@
 //! the device's queue-depth-1 rate (about 8,700 4 KiB writes/s on this machine's disk),
 //! which bounded every write-heavy workload larger than the cache (issue 13).
 //!
+//! A caller that checks what it read (the engine verifies a large cache hit's checksums)
+//! can have each read handed over as it completes (`readv_batch_each`), checking the first
+//! while the rest are still being read: the wait is then for one completion at a time.
+//!
 //! The one hazard: requests in flight own the caller's buffers until they complete. So
 //! `readv_batch` never returns while any is in flight; an error from the ring itself with
 //! requests in flight aborts the process rather than return and let the kernel write into
@@ -45,6 +49,9 @@ thread_local! {
     static SPARE: RefCell<Option<IoUring>> = const { RefCell::new(None) };
 }
 
+/// What `readv_batch_each` calls with each read as it completes: its index, its result.
+pub(crate) type Completed<'f> = dyn FnMut(usize, &io::Result<usize>) + 'f;
+
 /// One scatter read (`iovecs` filled in order from `offset`) or gather write (`iovecs` written
 /// in order from `offset`).
 pub(crate) struct Vectored {
@@ -63,7 +70,23 @@ pub(crate) struct Vectored {
 /// until this returns.
 pub(crate) unsafe fn readv_batch(fd: i32, reads: &[Vectored]) -> Option<Vec<io::Result<usize>>> {
     // SAFETY: this function's contract is `rw_batch`'s for reads.
-    unsafe { rw_batch(fd, reads, false) }
+    unsafe { rw_batch(fd, reads, false, None) }
+}
+
+/// `readv_batch`, calling `each(k, result)` for read `k` as soon as it completes (in
+/// completion order, on this thread), while the others may still be in flight: the caller
+/// can check what has arrived while the rest is read. `each` sees each read exactly once,
+/// and only reads the ring completed (not those it never issued: they come back as `EAGAIN`).
+///
+/// # Safety
+/// `readv_batch`'s; and `each` must not touch the memory of any read but read `k`.
+pub(crate) unsafe fn readv_batch_each(
+    fd: i32,
+    reads: &[Vectored],
+    each: &mut Completed<'_>,
+) -> Option<Vec<io::Result<usize>>> {
+    // SAFETY: this function's contract is `rw_batch`'s for reads.
+    unsafe { rw_batch(fd, reads, false, Some(each)) }
 }
 
 /// `readv_batch` for writes: every write issued together (in groups of `RING_ENTRIES`), all
@@ -75,15 +98,21 @@ pub(crate) unsafe fn readv_batch(fd: i32, reads: &[Vectored]) -> Option<Vec<io::
 /// `pwrite` would need, and not written until this returns.
 pub(crate) unsafe fn writev_batch(fd: i32, writes: &[Vectored]) -> Option<Vec<io::Result<usize>>> {
     // SAFETY: this function's contract is `rw_batch`'s for writes.
-    unsafe { rw_batch(fd, writes, true) }
+    unsafe { rw_batch(fd, writes, true, None) }
 }
 
-/// `readv_batch` (`write` false) and `writev_batch` (`write` true).
+/// `readv_batch` (`write` false) and `writev_batch` (`write` true); with `each`,
+/// `readv_batch_each` (waiting for one completion at a time, not for all at once).
 ///
 /// # Safety
 /// Every iovec must point at memory valid for the transfer's direction, not otherwise
-/// accessed until this returns.
-unsafe fn rw_batch(fd: i32, ops: &[Vectored], write: bool) -> Option<Vec<io::Result<usize>>> {
+/// accessed until this returns, except by `each` for an operation that has completed.
+unsafe fn rw_batch(
+    fd: i32,
+    ops: &[Vectored],
+    write: bool,
+    mut each: Option<&mut Completed<'_>>,
+) -> Option<Vec<io::Result<usize>>> {
     if UNAVAILABLE.load(Ordering::Relaxed) {
         return None;
     }
@@ -93,6 +122,7 @@ unsafe fn rw_batch(fd: i32, ops: &[Vectored], write: bool) -> Option<Vec<io::Res
             return None;
         }
         let mut results: Vec<io::Result<usize>> = Vec::with_capacity(ops.len());
+        let mut panicked: Option<Box<dyn std::any::Any + Send>> = None;
         for (g, group) in ops.chunks(RING_ENTRIES).enumerate() {
             let Some(ring) = slot.as_mut() else {
                 // The ring failed in an earlier group: the rest are left to the caller.
@@ -118,16 +148,25 @@ unsafe fn rw_batch(fd: i32, ops: &[Vectored], write: bool) -> Option<Vec<io::Res
             }
             let mut done: Vec<Option<io::Result<usize>>> = (0..group.len()).map(|_| None).collect();
             let mut reaped = 0;
-            let reap = |ring: &mut IoUring, done: &mut [Option<io::Result<usize>>], reaped: &mut usize| {
+            let progressive = each.is_some();
+            let mut reap = |ring: &mut IoUring, done: &mut [Option<io::Result<usize>>], reaped: &mut usize| {
                 for cqe in ring.completion() {
                     let k = cqe.user_data() as usize - base;
                     let res = cqe.result();
-                    done[k] = Some(if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) });
+                    let result = if res < 0 { Err(io::Error::from_raw_os_error(-res)) } else { Ok(res as usize) };
+                    if let (Some(each), None) = (each.as_mut(), &panicked) {
+                        // (A panic waits until nothing is in flight: unwinding now would give
+                        // back buffers the kernel still writes into.)
+                        let called = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| each(base + k, &result)));
+                        panicked = called.err();
+                    }
+                    done[k] = Some(result);
                     *reaped += 1;
                 }
             };
             while reaped < group.len() {
-                if let Err(e) = ring.submit_and_wait(group.len() - reaped) {
+                let wait_for = if progressive { 1 } else { group.len() - reaped };
+                if let Err(e) = ring.submit_and_wait(wait_for) {
                     if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)) {
                         continue;
                     }
@@ -158,6 +197,9 @@ unsafe fn rw_batch(fd: i32, ops: &[Vectored], write: bool) -> Option<Vec<io::Res
             }
             results
                 .extend(done.into_iter().map(|r| r.unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::EAGAIN)))));
+        }
+        if let Some(panic) = panicked {
+            std::panic::resume_unwind(panic);
         }
         Some(results)
     })

@@ -149,6 +149,11 @@ pub const WRITE_AROUND_YIELD_MAX_PERMILLE: u64 = 900;
 pub const MAX_SKIPPED_SLOTS: usize = 32;
 /// ...and at most this many in one place.
 pub const MAX_GAP_SLOTS: usize = 8;
+/// A cached read of more blocks than this is read in pieces of at most this many slots, all
+/// in flight together, and each piece's checksums are verified as soon as it arrives, while
+/// the device reads the rest: one 1 MiB read then verified took its transfer plus 0.1-0.16 ms
+/// of checksums on data fresh from DMA (0.74 of the raw cache device at queue depth 1 here).
+pub const VERIFY_CHUNK_BLOCKS: usize = 64;
 /// Write-back and copy-forward read a stretch of log slots in one scatter I/O through gaps
 /// of up to this many slots they do not need (record headers, clean or stale blocks): 32 KiB
 /// more transfer costs less than another I/O's latency on every device profile.

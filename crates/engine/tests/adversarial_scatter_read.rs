@@ -65,6 +65,13 @@ fn headers_between(v: &Volume, first: u64, n: u64) -> usize {
     gaps
 }
 
+/// The most reads a large hit of `slots` consecutive log slots (blocks and the record headers
+/// between them) takes: one per piece of `VERIFY_CHUNK_BLOCKS` slots, and one more where a
+/// piece ends at a header (the next starts after it).
+fn pieces(slots: u64) -> u64 {
+    slots.div_ceil(tiercache_engine::constants::VERIFY_CHUNK_BLOCKS as u64) + 1
+}
+
 fn check(buf: &[u8], first: u64, version: u64) {
     for (i, block) in buf.chunks(BS).enumerate() {
         assert_eq!(version_of(first + i as u64, block), Some(version), "block {}", first + i as u64);
@@ -83,7 +90,8 @@ fn a_4mib_cached_read_on_a_file_cache_is_a_few_reads_not_one_per_block() {
     let mut buf = AlignedBuf::new(1024 * BS);
     let reads = reads_by(|| v.read(0, &mut buf).unwrap());
     check(&buf, 0, 1);
-    assert!(reads <= 1 + gaps as u64, "a 4 MiB cached read ({gaps} headers between) took {reads} read syscalls");
+    let most = pieces(1024 + gaps as u64);
+    assert!(reads <= most, "a 4 MiB cached read ({gaps} headers between) took {reads} read syscalls (at most {most})");
 }
 
 /// Suspicion: NBD and FUSE read into a `Vec<u8>` (not 4 KiB-aligned): any misaligned buffer
@@ -99,21 +107,23 @@ fn a_1mib_cached_read_into_a_misaligned_buffer_is_a_few_reads_not_one_per_block(
     let buf = &mut raw[1..1 + 256 * BS]; // misaligned, as a Vec<u8> from malloc usually is
     let reads = reads_by(|| v.read(0, buf).unwrap());
     check(buf, 0, 1);
+    let most = pieces(256 + gaps as u64);
     assert!(
-        reads <= 1 + gaps as u64,
-        "a 1 MiB cached read into a misaligned buffer ({gaps} headers between) took {reads} read syscalls"
+        reads <= most,
+        "a 1 MiB cached read into a misaligned buffer ({gaps} headers between) took {reads} read syscalls (at most {most})"
     );
 }
 
-/// Control: the same read into an aligned buffer is one preadv.
+/// Control: the same read into an aligned buffer is one read per piece.
 #[test]
-fn a_1mib_cached_read_into_an_aligned_buffer_is_one_read() {
+fn a_1mib_cached_read_into_an_aligned_buffer_is_one_read_per_piece() {
     let Some((_dir, v)) = file_volume() else { return };
     write_seq(&v, 0, 256, 1);
+    let gaps = headers_between(&v, 0, 256);
     let mut buf = AlignedBuf::new(256 * BS);
     let reads = reads_by(|| v.read(0, &mut buf).unwrap());
     check(&buf, 0, 1);
-    assert_eq!(reads, 1);
+    assert!((4..=pieces(256 + gaps as u64)).contains(&reads), "{reads} reads ({gaps} headers between)");
 }
 
 fn sim_volume() -> (Arc<BadSector>, Volume) {
@@ -145,8 +155,15 @@ fn a_4mib_read_is_one_scatter_read_of_its_blocks_and_headers() {
     check(&buf, 0, 1);
     let reads = cache.reads.load(Ordering::SeqCst) - reads0;
     let blocks = cache.blocks.load(Ordering::SeqCst) - blocks0;
-    assert_eq!(reads, 1, "a 4 MiB read of consecutive slots ({gaps} headers between) is one scatter read");
-    assert_eq!(blocks, 1024 + gaps as u64, "the read covers the blocks and the headers between, nothing more");
+    let most = pieces(1024 + gaps as u64);
+    assert!(
+        (16..=most).contains(&reads),
+        "a 4 MiB read of consecutive slots ({gaps} headers between) is one scatter read per piece: {reads}"
+    );
+    assert!(
+        (1024..=1024 + gaps as u64).contains(&blocks),
+        "the read covers the blocks and at most the headers between, nothing more: {blocks}"
+    );
     let max = cache.max_bufs.load(Ordering::SeqCst);
     assert!(max <= 2 * gaps as u64 + 1, "one buffer per stretch and per skipped slot, not per block: {max}");
 }

@@ -28,8 +28,12 @@ pub use record::{EntryKind, RecordEntry, RecordHeader};
 pub use superblock::{fingerprint_blocks, Fingerprint, Superblock, VolumeMode, FINGERPRINT_BLOCKS};
 
 /// The CRC used everywhere on disk: CRC-32C (Castagnoli), hardware-accelerated on x86 and ARM.
+/// (crc-fast, not the crc32c crate: a 1 MiB cache hit checksums every block it read after the
+/// read, on data fresh from DMA and so not in the CPU's cache, and crc-fast's folding with
+/// carry-less multiplies ran at 10 GB/s there against crc32c's 6.5, 3.3x as fast on one
+/// 4 KiB block in cache, and faster at every size down to 16 bytes; the same values.)
 pub fn checksum(bytes: &[u8]) -> u32 {
-    crc32c::crc32c(bytes)
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
 }
 
 /// The low 64 bits of a volume UUID, XORed into record and checkpoint magics.

@@ -182,7 +182,7 @@ impl Volume {
     /// checksum failure).
     fn read_cache_runs(&self, plan: &[Source], buf: &mut [u8]) -> Vec<usize> {
         let bs = self.bs;
-        if let Some((k, n, slot)) = one_piece(plan) {
+        if let Some((k, n, slot)) = one_piece(plan).filter(|p| p.1 <= VERIFY_CHUNK_BLOCKS) {
             // (The common case, a request whose hits lie in consecutive slots in its own
             // order: one read straight into its place, nothing to sort or allocate.)
             let read = self.cache.read_at(self.layout.log_offset(u64::from(slot)), &mut buf[k * bs..(k + n) * bs]);
@@ -201,15 +201,19 @@ impl Volume {
             return Vec::new();
         }
         hits.sort_unstable();
+        // (A large read's runs end every `VERIFY_CHUNK_BLOCKS` slots, so that its first pieces
+        // are verified while the last are read.)
+        let chunk = if hits.len() > VERIFY_CHUNK_BLOCKS { VERIFY_CHUNK_BLOCKS } else { usize::MAX };
         let mut runs: Vec<(std::ops::Range<usize>, usize)> = Vec::new();
         let mut start = 0;
         let mut skipped = 0;
         for j in 1..=hits.len() {
             // (Two hits never share a slot: the index maps a slot to one block.)
             let gap = hits.get(j).map(|h| h.0.saturating_sub(hits[j - 1].0 + 1) as usize);
+            let fits = |g: usize| j - start + skipped + g < chunk;
             match gap {
-                Some(0) if hits[j].0 > hits[j - 1].0 => {}
-                Some(g) if g > 0 && g <= MAX_GAP_SLOTS && skipped + g <= MAX_SKIPPED_SLOTS => skipped += g,
+                Some(0) if hits[j].0 > hits[j - 1].0 && fits(0) => {}
+                Some(g) if g > 0 && g <= MAX_GAP_SLOTS && skipped + g <= MAX_SKIPPED_SLOTS && fits(g) => skipped += g,
                 _ => {
                     runs.push((start..j, skipped));
                     start = j;
@@ -237,6 +241,9 @@ impl Volume {
             }
             run_pieces.push(from..pieces.len());
         }
+        // Pieces whose checksums were verified as they arrived, and their blocks that failed.
+        let mut verified = vec![false; pieces.len()];
+        let mut mismatched: Vec<usize> = Vec::new();
         let results = {
             let scratch_blocks: usize = runs.iter().map(|r| r.1).sum();
             let mut scratch = (scratch_blocks > 0).then(|| AlignedBuf::new(scratch_blocks * bs));
@@ -256,7 +263,26 @@ impl Volume {
             if ranges.len() > 1 {
                 self.lock().counters.batched_cache_reads += 1;
             }
-            self.cache.read_batch(&mut ranges)
+            // Each run's pieces verified as the run arrives: its buffers are, per piece, the
+            // scratch blocks skipped before it, then the piece.
+            let mut verify = |r: usize, range: &ReadRange<'_>, read: &tiercache_device::Result<()>| {
+                if read.is_err() {
+                    return;
+                }
+                let mut bufs = range.bufs.iter();
+                for p in run_pieces[r].clone() {
+                    let (k, n, _, skipped) = pieces[p];
+                    let piece = bufs.nth(skipped).expect("a buffer per piece");
+                    for (j, data) in piece.chunks(bs).enumerate().take(n) {
+                        let Source::Cache(e, _) = plan[k + j] else { unreachable!("a piece holds cache hits only") };
+                        if checksum(data) != e.crc {
+                            mismatched.push(k + j);
+                        }
+                    }
+                    verified[p] = true;
+                }
+            };
+            self.cache.read_batch_each(&mut ranges, &mut verify)
         };
         // A run read through skipped slots that failed: its pieces again, each on its own,
         // before any block goes to the one-block slow path (a bad sector in a slot read only
@@ -288,9 +314,11 @@ impl Volume {
                 piece_ok[p] = read.is_ok();
             }
         }
-        let mut retry: Vec<usize> = Vec::new();
+        let mut retry: Vec<usize> = mismatched;
         for (p, &(k, n, _, _)) in pieces.iter().enumerate() {
-            retry.extend(self.unverified(plan, buf, k..k + n, piece_ok[p]));
+            if !verified[p] {
+                retry.extend(self.unverified(plan, buf, k..k + n, piece_ok[p]));
+            }
         }
         retry
     }
