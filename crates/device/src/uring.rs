@@ -116,11 +116,18 @@ unsafe fn rw_batch(
     if UNAVAILABLE.load(Ordering::Relaxed) {
         return None;
     }
-    RING.with(|cell| {
+    // (Taken out of the thread's slot while the batch runs: `each` may issue a batch of its
+    // own, which then takes the spare or a new ring.)
+    let mut slot: Option<IoUring> = RING.with(|cell| {
         let mut slot = cell.borrow_mut();
-        if !has_ring(&mut slot) {
-            return None;
+        if has_ring(&mut slot) {
+            slot.take()
+        } else {
+            None
         }
+    });
+    slot.as_ref()?;
+    {
         let mut results: Vec<io::Result<usize>> = Vec::with_capacity(ops.len());
         let mut panicked: Option<Box<dyn std::any::Any + Send>> = None;
         for (g, group) in ops.chunks(RING_ENTRIES).enumerate() {
@@ -186,7 +193,7 @@ unsafe fn rw_batch(
                     // must not be issued later), and so does io_uring for this process.
                     note_unavailable(&e);
                     UNAVAILABLE.store(true, Ordering::Relaxed);
-                    *slot = None;
+                    slot = None;
                     break;
                 }
                 reap(ring, &mut done, &mut reaped);
@@ -198,11 +205,29 @@ unsafe fn rw_batch(
             results
                 .extend(done.into_iter().map(|r| r.unwrap_or_else(|| Err(io::Error::from_raw_os_error(libc::EAGAIN)))));
         }
+        if let Some(ring) = slot {
+            give_back(ring);
+        }
         if let Some(panic) = panicked {
             std::panic::resume_unwind(panic);
         }
         Some(results)
-    })
+    }
+}
+
+/// Puts a ring taken out of this thread's slot back (or keeps it as the spare, if work done
+/// meanwhile left a ring in the slot).
+fn give_back(ring: IoUring) {
+    RING.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(ring);
+        } else {
+            SPARE.with(|spare| {
+                spare.borrow_mut().get_or_insert(ring);
+            });
+        }
+    });
 }
 
 /// Gives this thread's ring to `slot` if it has none (the spare, else a new one); false if io_uring is
@@ -289,17 +314,7 @@ pub(crate) unsafe fn write_while(
             std::process::abort();
         }
     };
-    // (Back in the slot, or kept as the spare if the work left a ring there.)
-    RING.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.is_none() {
-            *slot = Some(ring);
-        } else {
-            SPARE.with(|spare| {
-                spare.borrow_mut().get_or_insert(ring);
-            });
-        }
-    });
+    give_back(ring);
     if let Err(panic) = worked {
         std::panic::resume_unwind(panic);
     }

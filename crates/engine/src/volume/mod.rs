@@ -291,8 +291,9 @@ pub struct Counters {
     pub bypassed_blocks_busy: u64,
     pub written_blocks: u64,
     pub records_written: u64,
-    /// Reads whose cache hits lay in several runs of log slots, read in flight together
-    /// (`BlockDevice::read_batch`).
+    /// Reads whose cache hits were read as several runs of log slots in flight together
+    /// (`BlockDevice::read_batch_each`): hits in several stretches of the log, or more than
+    /// `VERIFY_CHUNK_BLOCKS` of them, cut into pieces even where they lie in one stretch.
     #[serde(default)]
     pub batched_cache_reads: u64,
     /// Records sealed while an older record's write was still in progress (the pipeline).
