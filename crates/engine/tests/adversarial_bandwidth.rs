@@ -41,12 +41,7 @@ impl Jitter {
 }
 
 impl BlockDevice for Jitter {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, discard);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         self.nap(self.read_us);
         self.inner.read_at(offset, buf)
@@ -58,9 +53,6 @@ impl BlockDevice for Jitter {
     fn flush(&self) -> tiercache_device::Result<()> {
         self.nap(self.flush_us);
         self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         format!("jitter:{}", self.inner.describe())

@@ -460,12 +460,7 @@ struct PoisonBatch {
 }
 
 impl BlockDevice for PoisonBatch {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, write_at, flush, discard);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         let poison = self.poison.load(Ordering::SeqCst);
         if offset <= poison && poison < offset + buf.len() as u64 {
@@ -487,15 +482,6 @@ impl BlockDevice for PoisonBatch {
             }
         }
         results
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "poison-batch".into()

@@ -205,21 +205,10 @@ impl Snap {
 }
 
 impl BlockDevice for Snap {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> tiercache_device::Result<()> {
-        self.inner.read_vectored_at(offset, bufs)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
+    forward_to_inner!(
+        inner: size_bytes, logical_block_size, read_at, read_vectored_at, write_at, discard, describe,
+        atomic_write_bytes
+    );
     fn write_fua_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         self.inner.write_fua_at(offset, buf)?;
         self.snap();
@@ -229,15 +218,6 @@ impl BlockDevice for Snap {
         self.inner.flush()?;
         self.snap();
         Ok(())
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-    fn atomic_write_bytes(&self) -> u32 {
-        self.inner.atomic_write_bytes()
     }
 }
 

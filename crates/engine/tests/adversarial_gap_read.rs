@@ -58,12 +58,7 @@ fn medium_error() -> DeviceError {
 }
 
 impl BlockDevice for Media {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, flush, discard);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         self.reads.fetch_add(1, Ordering::SeqCst);
         if self.touches_bad(offset, buf.len() as u64) {
@@ -89,12 +84,6 @@ impl BlockDevice for Media {
         self.inner.write_fua_at(offset, buf)?;
         self.bad.lock().unwrap().retain(|&b| !(offset <= b && b < offset + buf.len() as u64));
         Ok(())
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "media".into()

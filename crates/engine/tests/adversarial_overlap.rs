@@ -175,12 +175,7 @@ fn injected() -> DeviceError {
 }
 
 impl BlockDevice for Ovl {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, discard);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         if self.fails(Ev::Read { offset, len: buf.len() }) {
             return Err(DeviceError::Injected { device: "ovl".into(), op: "read" });
@@ -216,9 +211,6 @@ impl BlockDevice for Ovl {
     fn flush(&self) -> tiercache_device::Result<()> {
         self.gate(Ev::Flush);
         self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "ovl".into()

@@ -170,12 +170,7 @@ impl RingFaults {
 }
 
 impl BlockDevice for RingFaults {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, flush, discard);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         if self.in_ring(offset, buf.len()) {
             self.ring_reads.fetch_add(1, Ordering::SeqCst);
@@ -195,12 +190,6 @@ impl BlockDevice for RingFaults {
             }
         }
         self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "ring-faults".into()

@@ -329,15 +329,7 @@ impl Tap {
 }
 
 impl BlockDevice for Tap {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, read_at, discard);
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         self.cut_points(&format!("before the write at {offset}"));
         self.pending.lock().unwrap().push((offset, buf.to_vec()));
@@ -348,9 +340,6 @@ impl BlockDevice for Tap {
         let r = self.inner.flush();
         self.pending.lock().unwrap().clear();
         r
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "tap".into()

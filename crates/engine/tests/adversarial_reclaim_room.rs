@@ -345,15 +345,7 @@ impl Tap {
 }
 
 impl BlockDevice for Tap {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, read_at, discard, atomic_write_bytes);
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         let bs = BS as u64;
         let in_log = offset >= self.log_start * bs && offset < (self.log_start + self.geo.log()) * bs;
@@ -421,14 +413,8 @@ impl BlockDevice for Tap {
         }
         r
     }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
     fn describe(&self) -> String {
         format!("tap:{}", self.inner.describe())
-    }
-    fn atomic_write_bytes(&self) -> u32 {
-        self.inner.atomic_write_bytes()
     }
 }
 

@@ -225,27 +225,13 @@ impl RingWriters {
 }
 
 impl BlockDevice for RingWriters {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, read_at, flush, discard);
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         if offset < self.ring.end && self.ring.start < offset + buf.len() as u64 {
             let ours = std::thread::current().name() == Some("tiercache-rec");
             if ours { &self.by_record_writer } else { &self.by_others }.fetch_add(1, Ordering::SeqCst);
         }
         self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "ring-writers".into()

@@ -184,12 +184,7 @@ impl Dev {
 }
 
 impl BlockDevice for Dev {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, discard, atomic_write_bytes);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         self.gate(Op::Read, offset, buf.len());
         self.inner.read_at(offset, buf)
@@ -209,14 +204,8 @@ impl BlockDevice for Dev {
         }
         self.inner.flush()
     }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
     fn describe(&self) -> String {
         format!("dev:{}", self.inner.describe())
-    }
-    fn atomic_write_bytes(&self) -> u32 {
-        self.inner.atomic_write_bytes()
     }
 }
 

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
-use tiercache_device::{BlockDevice, FailMode, MonotonicClock, OpKind, ReadRange, SimDevice};
+use tiercache_device::{BlockDevice, FailMode, MonotonicClock, OpKind, SimDevice};
 use tiercache_engine::{Volume, VolumeOptions, WriteAroundPolicy};
 
 mod common;
@@ -106,21 +106,7 @@ impl Watch {
 }
 
 impl BlockDevice for Watch {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-    fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> tiercache_device::Result<()> {
-        self.inner.read_vectored_at(offset, bufs)
-    }
-    fn read_batch(&self, ranges: &mut [ReadRange<'_>]) -> Vec<tiercache_device::Result<()>> {
-        self.inner.read_batch(ranges)
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, read_at, read_vectored_at, read_batch, flush, discard);
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         let id = self.begin("write_at", &[(offset, offset + buf.len() as u64)]);
         if !self.linger.is_zero() {
@@ -187,12 +173,6 @@ impl BlockDevice for Watch {
         let r = self.inner.write_fua_at(offset, buf);
         self.end(id);
         r
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         format!("watch:{}", self.inner.describe())

@@ -41,15 +41,7 @@ impl Overlap {
 }
 
 impl BlockDevice for Overlap {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, read_at, flush, discard);
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         self.plain.fetch_add(1, Ordering::SeqCst);
         self.inner.write_at(offset, buf)
@@ -68,12 +60,6 @@ impl BlockDevice for Overlap {
         };
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         landed
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "overlap".into()

@@ -65,12 +65,7 @@ impl HookDev {
 }
 
 impl BlockDevice for HookDev {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, discard);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         self.tick();
         self.inner.read_at(offset, buf)
@@ -82,9 +77,6 @@ impl BlockDevice for HookDev {
     fn flush(&self) -> tiercache_device::Result<()> {
         self.tick();
         self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         format!("hook:{}", self.inner.describe())
@@ -610,26 +602,12 @@ struct PanicDev {
 }
 
 impl BlockDevice for PanicDev {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, read_at, flush, discard);
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         if self.writes_left.fetch_sub(1, Ordering::SeqCst) == 0 {
             panic!("the device driver panicked");
         }
         self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "panicky".into()

@@ -111,12 +111,7 @@ impl Dev {
 }
 
 impl BlockDevice for Dev {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, discard, atomic_write_bytes);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         self.gate(Op::Read, offset, buf.len());
         self.inner.read_at(offset, buf)
@@ -129,14 +124,8 @@ impl BlockDevice for Dev {
         self.gate(Op::Flush, 0, 0);
         self.inner.flush()
     }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
     fn describe(&self) -> String {
         format!("dev:{}", self.inner.describe())
-    }
-    fn atomic_write_bytes(&self) -> u32 {
-        self.inner.atomic_write_bytes()
     }
 }
 
@@ -257,12 +246,7 @@ impl LateRead {
 }
 
 impl BlockDevice for LateRead {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, write_at, flush, discard, atomic_write_bytes);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         let r = self.inner.read_at(offset, buf);
         let block = self.block.load(std::sync::atomic::Ordering::SeqCst);
@@ -277,20 +261,8 @@ impl BlockDevice for LateRead {
         }
         r
     }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
     fn describe(&self) -> String {
         format!("late:{}", self.inner.describe())
-    }
-    fn atomic_write_bytes(&self) -> u32 {
-        self.inner.atomic_write_bytes()
     }
 }
 

@@ -50,15 +50,7 @@ impl Knob {
 }
 
 impl BlockDevice for Knob {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, read_at, discard, atomic_write_bytes);
     fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
         self.clock.advance_ns(self.extra_write_ns.load(Ordering::SeqCst));
         {
@@ -73,14 +65,8 @@ impl BlockDevice for Knob {
         self.clock.advance_ns(self.extra_flush_ns.load(Ordering::SeqCst));
         self.inner.flush()
     }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
-    }
     fn describe(&self) -> String {
         format!("knob:{}", self.inner.describe())
-    }
-    fn atomic_write_bytes(&self) -> u32 {
-        self.inner.atomic_write_bytes()
     }
 }
 

@@ -15,6 +15,110 @@ use tiercache_format::{checksum, uuid_low64, CheckpointEntry, CheckpointHeader, 
 
 pub const BS: usize = 4096;
 
+/// Writes out, inside an `impl BlockDevice for Wrapper { ... }` block, the listed
+/// `BlockDevice` methods as pure forwards to the device in field `$field`:
+/// `forward_to_inner!(inner: size_bytes, flush, discard);` is `fn size_bytes(&self) -> u64 {
+/// self.inner.size_bytes() }` and so on, with the trait's exact signatures.
+///
+/// Why: the test wrappers (fault injection, counting, delays, holds) each change one or two
+/// I/Os and passed the rest through by hand, a dozen lines of identical forwarding apiece;
+/// here the forwarding is written once, and a wrapper writes out only what it changes.
+/// Only the methods listed are defined: one left out keeps the trait's default (which may
+/// call the wrapper's own `read_at` or `write_at`, so a fault there applies to it too), so
+/// list exactly those the wrapper passes through untouched.
+macro_rules! forward_to_inner {
+    (@one $f:tt size_bytes) => {
+        fn size_bytes(&self) -> u64 {
+            self.$f.size_bytes()
+        }
+    };
+    (@one $f:tt logical_block_size) => {
+        fn logical_block_size(&self) -> u32 {
+            self.$f.logical_block_size()
+        }
+    };
+    (@one $f:tt read_at) => {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> ::tiercache_device::Result<()> {
+            self.$f.read_at(offset, buf)
+        }
+    };
+    (@one $f:tt read_vectored_at) => {
+        fn read_vectored_at(&self, offset: u64, bufs: &mut [&mut [u8]]) -> ::tiercache_device::Result<()> {
+            self.$f.read_vectored_at(offset, bufs)
+        }
+    };
+    (@one $f:tt read_batch) => {
+        fn read_batch(&self, ranges: &mut [::tiercache_device::ReadRange<'_>]) -> Vec<::tiercache_device::Result<()>> {
+            self.$f.read_batch(ranges)
+        }
+    };
+    (@one $f:tt read_batch_each) => {
+        fn read_batch_each(
+            &self,
+            ranges: &mut [::tiercache_device::ReadRange<'_>],
+            each: &mut ::tiercache_device::EachRange<'_>,
+        ) -> Vec<::tiercache_device::Result<()>> {
+            self.$f.read_batch_each(ranges, each)
+        }
+    };
+    (@one $f:tt write_at) => {
+        fn write_at(&self, offset: u64, buf: &[u8]) -> ::tiercache_device::Result<()> {
+            self.$f.write_at(offset, buf)
+        }
+    };
+    (@one $f:tt write_batch) => {
+        fn write_batch(&self, writes: &[(u64, &[u8])]) -> Vec<::tiercache_device::Result<()>> {
+            self.$f.write_batch(writes)
+        }
+    };
+    (@one $f:tt write_at_while) => {
+        fn write_at_while(&self, offset: u64, buf: &[u8], during: &mut dyn FnMut()) -> ::tiercache_device::Result<()> {
+            self.$f.write_at_while(offset, buf, during)
+        }
+    };
+    (@one $f:tt write_fua_at) => {
+        fn write_fua_at(&self, offset: u64, buf: &[u8]) -> ::tiercache_device::Result<()> {
+            self.$f.write_fua_at(offset, buf)
+        }
+    };
+    (@one $f:tt flush) => {
+        fn flush(&self) -> ::tiercache_device::Result<()> {
+            self.$f.flush()
+        }
+    };
+    (@one $f:tt discard) => {
+        fn discard(&self, offset: u64, len: u64) -> ::tiercache_device::Result<()> {
+            self.$f.discard(offset, len)
+        }
+    };
+    (@one $f:tt describe) => {
+        fn describe(&self) -> String {
+            self.$f.describe()
+        }
+    };
+    (@one $f:tt identity) => {
+        fn identity(&self) -> Option<String> {
+            self.$f.identity()
+        }
+    };
+    (@one $f:tt atomic_write_bytes) => {
+        fn atomic_write_bytes(&self) -> u32 {
+            self.$f.atomic_write_bytes()
+        }
+    };
+    (@one $f:tt $other:ident) => {
+        compile_error!(concat!("forward_to_inner!: `", stringify!($other), "` is not a BlockDevice method"));
+    };
+    ($field:tt: $($method:ident),+ $(,)?) => {
+        $(forward_to_inner!(@one $field $method);)+
+    };
+}
+// (Defined before the submodules below, which see it in textual scope; the test files that
+// `use common::*;` import it by path through this re-export, unused in those that wrap no
+// device.)
+#[allow(unused_imports)]
+pub(crate) use forward_to_inner;
+
 pub mod holds;
 pub mod idle_rig;
 pub mod rewrite_rig;
@@ -365,12 +469,7 @@ impl Gate {
 }
 
 impl BlockDevice for Gate {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, discard);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         self.maybe_hold(Hold::ReadBefore(buf.len() / BS));
         self.inner.read_at(offset, buf)
@@ -400,9 +499,6 @@ impl BlockDevice for Gate {
             }
         }
         r
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         format!("gate:{}", self.inner.describe())
@@ -606,12 +702,7 @@ impl BadSector {
 }
 
 impl BlockDevice for BadSector {
-    fn size_bytes(&self) -> u64 {
-        self.inner.size_bytes()
-    }
-    fn logical_block_size(&self) -> u32 {
-        self.inner.logical_block_size()
-    }
+    forward_to_inner!(inner: size_bytes, logical_block_size, write_at, write_fua_at, flush, discard);
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> tiercache_device::Result<()> {
         self.reads.fetch_add(1, AtomicOrdering::SeqCst);
         self.blocks.fetch_add(buf.len() as u64 / BS as u64, AtomicOrdering::SeqCst);
@@ -631,18 +722,6 @@ impl BlockDevice for BadSector {
             return Err(DeviceError::Injected { device: "bad-sector".into(), op: "read" });
         }
         self.inner.read_vectored_at(offset, bufs)
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-    fn write_fua_at(&self, offset: u64, buf: &[u8]) -> tiercache_device::Result<()> {
-        self.inner.write_fua_at(offset, buf)
-    }
-    fn flush(&self) -> tiercache_device::Result<()> {
-        self.inner.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> tiercache_device::Result<()> {
-        self.inner.discard(offset, len)
     }
     fn describe(&self) -> String {
         "bad-sector".into()
