@@ -6,65 +6,18 @@
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tiercache_device::{AlignedBuf, BlockDevice, DeviceError, FileDevice, MonotonicClock, ReadRange, SimDevice};
+use tiercache_device::{AlignedBuf, BlockDevice, FileDevice, MonotonicClock, ReadRange};
 use tiercache_engine::constants::VERIFY_CHUNK_BLOCKS;
-use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions};
-use tiercache_format::Layout;
+use tiercache_engine::{EngineError, Volume, VolumeOptions};
 
 mod common;
+use common::race_rig::*;
 use common::*;
 
 // ------------------------------------------------------------------------------------------
 // Set-up.
-
-/// A cache device of `log_blocks` log slots: simulated, or an O_DIRECT file (io_uring).
-fn cache_device(file: bool, log_blocks: u64) -> Option<(Option<tempfile::TempDir>, Arc<dyn BlockDevice>)> {
-    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
-    let bytes = (2 + 2 * ck + log_blocks) * BS as u64;
-    if !file {
-        return Some((None, Arc::new(SimDevice::new(bytes, BS as u32).with_name("cache"))));
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("cache");
-    std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
-    match FileDevice::open(&p) {
-        Ok(d) => Some((Some(dir), Arc::new(d))),
-        Err(DeviceError::DirectIoUnsupported { .. }) => None,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-struct Setup {
-    _dir: Option<tempfile::TempDir>,
-    cache: Arc<dyn BlockDevice>,
-    _backing: Arc<SimDevice>,
-    v: Volume,
-}
-
-fn setup_on(
-    dir: Option<tempfile::TempDir>,
-    cache: Arc<dyn BlockDevice>,
-    seg: u32,
-    backing_blocks: u64,
-    options: VolumeOptions,
-) -> Setup {
-    let backing = Arc::new(
-        SimDevice::from_image(stamps(0, backing_blocks, 0), BS as u32)
-            .with_name("backing")
-            .with_atomic_write(BS as u32),
-    );
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..log_only() }).expect("create");
-    let b: Arc<dyn BlockDevice> = backing.clone();
-    let v = Volume::open(cache.clone(), b, Arc::new(MonotonicClock::new()), options).expect("open").0;
-    Setup { _dir: dir, cache, _backing: backing, v }
-}
-
-fn setup(file: bool, log_blocks: u64, seg: u32, backing_blocks: u64) -> Option<Setup> {
-    let (dir, cache) = cache_device(file, log_blocks)?;
-    Some(setup_on(dir, cache, seg, backing_blocks, VolumeOptions::default()))
-}
 
 /// Overwrites `block`'s cached copy on the device with junk; returns the slot's offset.
 fn corrupt(s: &Setup, block: u64) -> u64 {
@@ -525,11 +478,6 @@ fn a_wrapper_overriding_only_read_batch_still_applies_its_faults() {
 // ------------------------------------------------------------------------------------------
 // Races.
 
-struct Versions {
-    done: Vec<AtomicU64>,
-    begun: Vec<AtomicU64>,
-}
-
 /// Suspicion: the "still current under the lock" confirmation after a chunked read: the
 /// first runs are verified (and their slots may be reclaimed and rewritten by another
 /// block) long before the last lands; a block verified early against its old entry, then
@@ -542,123 +490,27 @@ struct Versions {
 /// Outcome: passes (regression test).
 #[test]
 fn chunked_readers_racing_writers_reclaim_writeback_and_trim_see_no_stale_block() {
-    const LOG: u64 = 1024;
-    const BLOCKS: u64 = 1536;
-    const WRITERS: u64 = 3;
+    let race = Race {
+        blocks: 1536,
+        writers: 3,
+        span: 512,
+        large_chance: 0.1,
+        large: 32..=128,
+        trim_chance: 0.05,
+        trim_then_rewrite: true,
+        reads: 65..=768,
+        writer_seed: 300,
+        reader_seed: 400,
+        seconds: 4,
+    };
     for file in [true, false] {
-        let Some(s) = setup(file, LOG, 32, BLOCKS) else { continue };
+        let Some(s) = setup(file, 1024, 32, race.blocks) else { continue };
         let v = Arc::new(s.v);
-        let vers = Arc::new(Versions {
-            done: (0..BLOCKS).map(|_| AtomicU64::new(0)).collect(),
-            begun: (0..BLOCKS).map(|_| AtomicU64::new(0)).collect(),
-        });
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        for w in 0..WRITERS {
-            let (v, vers, stop) = (Arc::clone(&v), Arc::clone(&vers), Arc::clone(&stop));
-            threads.push(std::thread::spawn(move || {
-                let mut rng = ChaCha8Rng::seed_from_u64(300 + w);
-                let base = w * 512;
-                let mut version = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    version += 1;
-                    let n = if rng.gen_bool(0.1) { rng.gen_range(32..=128u64) } else { rng.gen_range(1..=24u64) };
-                    let first = base + rng.gen_range(0..512 - n);
-                    for b in first..first + n {
-                        vers.begun[b as usize].store(version, Ordering::SeqCst);
-                    }
-                    match rng.gen_range(0..3) {
-                        0 => v.write(first * BS as u64, &stamps(first, n, version)).unwrap(),
-                        1 => {
-                            let mut bs: Vec<u64> = (first..first + n).collect();
-                            bs.shuffle(&mut rng);
-                            for b in bs {
-                                write(&v, b, version);
-                            }
-                        }
-                        _ => {
-                            for b in (first..first + n).rev() {
-                                write(&v, b, version);
-                            }
-                        }
-                    }
-                    for b in first..first + n {
-                        vers.done[b as usize].store(version, Ordering::SeqCst);
-                    }
-                    if rng.gen_bool(0.2) {
-                        v.flush().unwrap();
-                    }
-                    if rng.gen_bool(0.05) {
-                        // A trim reads back as the backing device's block after it: version 0
-                        // is below every bound, so mark its blocks as begun-and-done at 0..
-                        // by not trimming blocks a reader could see below `done`: trim only
-                        // then rewrite them at once.
-                        let t = base + rng.gen_range(0..400);
-                        version += 1;
-                        for b in t..t + 40 {
-                            vers.begun[b as usize].store(version, Ordering::SeqCst);
-                        }
-                        v.discard(t * BS as u64, 40 * BS as u64).unwrap();
-                        v.write(t * BS as u64, &stamps(t, 40, version)).unwrap();
-                        for b in t..t + 40 {
-                            vers.done[b as usize].store(version, Ordering::SeqCst);
-                        }
-                    }
-                }
-            }));
-        }
-        {
-            let (v, stop) = (Arc::clone(&v), Arc::clone(&stop));
-            threads.push(std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = v.destage_step(64).unwrap();
-                    v.background_tick().unwrap();
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-            }));
-        }
-        let checked = Arc::new(AtomicU64::new(0));
-        let mut readers = Vec::new();
-        for r in 0..2u64 {
-            let (v, vers, stop, checked) = (Arc::clone(&v), Arc::clone(&vers), Arc::clone(&stop), Arc::clone(&checked));
-            readers.push(std::thread::spawn(move || {
-                let mut rng = ChaCha8Rng::seed_from_u64(400 + r);
-                let mut raw = AlignedBuf::new(768 * BS + 512);
-                while !stop.load(Ordering::Relaxed) {
-                    let n = rng.gen_range(65..=768u64);
-                    let first = rng.gen_range(0..BLOCKS - n);
-                    let lo: Vec<u64> =
-                        (first..first + n).map(|b| vers.done[b as usize].load(Ordering::SeqCst)).collect();
-                    let off = if rng.gen_bool(0.5) { 0 } else { 512 };
-                    let buf = &mut raw[off..off + n as usize * BS];
-                    v.read(first * BS as u64, buf).unwrap();
-                    for (i, block) in buf.chunks(BS).enumerate() {
-                        let b = first + i as u64;
-                        let hi = vers.begun[b as usize].load(Ordering::SeqCst);
-                        let got = version_of(b, block);
-                        // (A trimmed block reads as version 0 between its trim and rewrite.)
-                        assert!(
-                            got.is_some_and(|g| (lo[i] <= g && g <= hi) || g == 0),
-                            "file {file}: block {b} read {got:?}, want {}..={hi}",
-                            lo[i]
-                        );
-                    }
-                    checked.fetch_add(n, Ordering::Relaxed);
-                }
-            }));
-        }
-        std::thread::sleep(std::time::Duration::from_secs(4));
-        stop.store(true, Ordering::Relaxed);
-        for t in readers.into_iter().chain(threads) {
-            t.join().unwrap();
-        }
+        let checked = run_race(&v, &race, &format!("file {file}"));
         let st = v.status();
         eprintln!(
-            "file {file}: {} blocks checked, {} batched reads, {} reclaimed, {} destaged",
-            checked.load(Ordering::Relaxed),
-            st.counters.batched_cache_reads,
-            st.counters.reclaimed_blocks,
-            st.counters.destaged_blocks,
+            "file {file}: {checked} blocks checked, {} batched reads, {} reclaimed, {} destaged",
+            st.counters.batched_cache_reads, st.counters.reclaimed_blocks, st.counters.destaged_blocks,
         );
         assert!(st.counters.batched_cache_reads > 0 && st.counters.reclaimed_blocks > 0);
     }

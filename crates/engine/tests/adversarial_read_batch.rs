@@ -6,56 +6,14 @@
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use tiercache_device::{AlignedBuf, BlockDevice, DeviceError, FileDevice, MonotonicClock, SimDevice};
+use tiercache_device::{AlignedBuf, BlockDevice, MonotonicClock, SimDevice};
 use tiercache_engine::{create, CreateOptions, EngineError, Volume, VolumeOptions, WriteAroundPolicy};
-use tiercache_format::Layout;
 
 mod common;
+use common::race_rig::*;
 use common::*;
-
-/// A cache device of `log_blocks` log slots: a simulated one, or an
-/// O_DIRECT file (io_uring batches) where the file system takes O_DIRECT.
-fn cache_device(file: bool, log_blocks: u64) -> Option<(Option<tempfile::TempDir>, Arc<dyn BlockDevice>)> {
-    let ck = Layout::checkpoint_blocks_for(log_blocks, BS as u32);
-    let bytes = (2 + 2 * ck + log_blocks) * BS as u64;
-    if !file {
-        return Some((None, Arc::new(SimDevice::new(bytes, BS as u32).with_name("cache"))));
-    }
-    let dir = tempfile::tempdir().unwrap();
-    let p = dir.path().join("cache");
-    std::fs::File::create(&p).unwrap().set_len(bytes).unwrap();
-    match FileDevice::open(&p) {
-        Ok(d) => Some((Some(dir), Arc::new(d))),
-        Err(DeviceError::DirectIoUnsupported { .. }) => None,
-        Err(e) => panic!("{e}"),
-    }
-}
-
-struct Setup {
-    _dir: Option<tempfile::TempDir>,
-    _backing: Arc<SimDevice>,
-    v: Volume,
-}
-
-fn setup(file: bool, log_blocks: u64, seg: u32, backing_blocks: u64) -> Option<Setup> {
-    setup_with(file, log_blocks, seg, backing_blocks, VolumeOptions::default())
-}
-
-fn setup_with(file: bool, log_blocks: u64, seg: u32, backing_blocks: u64, options: VolumeOptions) -> Option<Setup> {
-    let (dir, cache) = cache_device(file, log_blocks)?;
-    // (4 KiB atomic writes: write-around needs a backing device that never tears a block.)
-    let backing = Arc::new(
-        SimDevice::from_image(stamps(0, backing_blocks, 0), BS as u32)
-            .with_name("backing")
-            .with_atomic_write(BS as u32),
-    );
-    create(&*cache, &*backing, &CreateOptions { segment_blocks: seg, ..log_only() }).expect("create");
-    let b: Arc<dyn BlockDevice> = backing.clone();
-    let v = Volume::open(cache, b, Arc::new(MonotonicClock::new()), options).expect("open").0;
-    Some(Setup { _dir: dir, _backing: backing, v })
-}
 
 /// Reads `first..first + n` into an aligned buffer and into a misaligned one (bounced on a
 /// file cache) and checks every block against `want`.
@@ -194,123 +152,34 @@ fn random_layouts_and_log_wraps_read_back_exactly() {
 // Races: readers against writers (interleaved layouts), flushes, reclaim, write-back, trims
 // and large writes (write-around candidates), on an io_uring file cache.
 
-/// Each block's newest version whose write has returned (`done`) and whose write has begun
-/// (`begun`); one writer per block, so both only grow.
-struct Versions {
-    done: Vec<AtomicU64>,
-    begun: Vec<AtomicU64>,
-}
-
+/// Readers of 1-256 blocks against three writers (`common/race_rig.rs`), for 6 s on a file
+/// cache and a simulated one.
 #[test]
 fn readers_racing_writers_reclaim_writeback_and_trim_see_no_stale_or_foreign_block() {
-    const LOG: u64 = 512;
-    const BLOCKS: u64 = 768;
-    const WRITERS: u64 = 3;
+    let race = Race {
+        blocks: 768,
+        writers: 3,
+        span: 256,
+        large_chance: 0.05,
+        large: 16..=64,
+        trim_chance: 0.1,
+        trim_then_rewrite: false,
+        reads: 1..=256,
+        writer_seed: 100,
+        reader_seed: 200,
+        seconds: 6,
+    };
     for file in [true, false] {
         // Writes of 64 KiB and more go around the cache whenever they can (the simulator's
         // setting), so reads race write-arounds too.
         let around = WriteAroundPolicy { min_bytes: 64 * 1024, only_when_destage_bound: false };
         let options = VolumeOptions { write_around: around, ..VolumeOptions::default() };
-        let Some(s) = setup_with(file, LOG, 32, BLOCKS, options) else { continue };
+        let Some(s) = setup_with(file, 512, 32, race.blocks, options) else { continue };
         let v = Arc::new(s.v);
-        let vers = Arc::new(Versions {
-            done: (0..BLOCKS).map(|_| AtomicU64::new(0)).collect(),
-            begun: (0..BLOCKS).map(|_| AtomicU64::new(0)).collect(),
-        });
-        let stop = Arc::new(AtomicBool::new(false));
-        let mut threads = Vec::new();
-        // Writers: writer w owns blocks [w * 256, (w + 1) * 256).
-        for w in 0..WRITERS {
-            let (v, vers, stop) = (Arc::clone(&v), Arc::clone(&vers), Arc::clone(&stop));
-            threads.push(std::thread::spawn(move || {
-                let mut rng = ChaCha8Rng::seed_from_u64(100 + w);
-                let base = w * 256;
-                let mut version = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    version += 1;
-                    let n = if rng.gen_bool(0.05) { rng.gen_range(16..=64u64) } else { rng.gen_range(1..=24u64) };
-                    let first = base + rng.gen_range(0..256 - n);
-                    for b in first..first + n {
-                        vers.begun[b as usize].store(version, Ordering::SeqCst);
-                    }
-                    match rng.gen_range(0..3) {
-                        0 => v.write(first * BS as u64, &stamps(first, n, version)).unwrap(),
-                        1 => {
-                            let mut bs: Vec<u64> = (first..first + n).collect();
-                            bs.shuffle(&mut rng);
-                            for b in bs {
-                                write(&v, b, version);
-                            }
-                        }
-                        _ => {
-                            for b in (first..first + n).rev() {
-                                write(&v, b, version);
-                            }
-                        }
-                    }
-                    for b in first..first + n {
-                        vers.done[b as usize].store(version, Ordering::SeqCst);
-                    }
-                    if rng.gen_bool(0.2) {
-                        v.flush().unwrap();
-                    }
-                    if rng.gen_bool(0.1) {
-                        let t = base + rng.gen_range(0..200);
-                        v.discard(t * BS as u64, 40 * BS as u64).unwrap();
-                    }
-                }
-            }));
-        }
-        // Write-back and background rounds.
-        {
-            let (v, stop) = (Arc::clone(&v), Arc::clone(&stop));
-            threads.push(std::thread::spawn(move || {
-                while !stop.load(Ordering::Relaxed) {
-                    let _ = v.destage_step(64).unwrap();
-                    v.background_tick().unwrap();
-                    std::thread::sleep(std::time::Duration::from_millis(1));
-                }
-            }));
-        }
-        // Readers.
-        let checked = Arc::new(AtomicU64::new(0));
-        let mut readers = Vec::new();
-        for r in 0..2u64 {
-            let (v, vers, stop, checked) = (Arc::clone(&v), Arc::clone(&vers), Arc::clone(&stop), Arc::clone(&checked));
-            readers.push(std::thread::spawn(move || {
-                let mut rng = ChaCha8Rng::seed_from_u64(200 + r);
-                let mut raw = AlignedBuf::new(256 * BS + 512);
-                while !stop.load(Ordering::Relaxed) {
-                    let n = rng.gen_range(1..=256u64);
-                    let first = rng.gen_range(0..BLOCKS - n);
-                    let lo: Vec<u64> =
-                        (first..first + n).map(|b| vers.done[b as usize].load(Ordering::SeqCst)).collect();
-                    let off = if rng.gen_bool(0.5) { 0 } else { 512 };
-                    let buf = &mut raw[off..off + n as usize * BS];
-                    v.read(first * BS as u64, buf).unwrap();
-                    for (i, block) in buf.chunks(BS).enumerate() {
-                        let b = first + i as u64;
-                        let hi = vers.begun[b as usize].load(Ordering::SeqCst);
-                        let got = version_of(b, block);
-                        assert!(
-                            got.is_some_and(|g| lo[i] <= g && g <= hi),
-                            "file {file}: block {b} read {got:?}, want {}..={hi}",
-                            lo[i]
-                        );
-                    }
-                    checked.fetch_add(n, Ordering::Relaxed);
-                }
-            }));
-        }
-        std::thread::sleep(std::time::Duration::from_secs(6));
-        stop.store(true, Ordering::Relaxed);
-        for t in readers.into_iter().chain(threads) {
-            t.join().unwrap();
-        }
+        let checked = run_race(&v, &race, &format!("file {file}"));
         let st = v.status();
         eprintln!(
-            "file {file}: {} blocks checked, {} batched reads, {} reclaimed, {} destaged, {} written around",
-            checked.load(Ordering::Relaxed),
+            "file {file}: {checked} blocks checked, {} batched reads, {} reclaimed, {} destaged, {} written around",
             st.counters.batched_cache_reads,
             st.counters.reclaimed_blocks,
             st.counters.destaged_blocks,

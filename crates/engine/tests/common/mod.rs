@@ -121,6 +121,7 @@ pub(crate) use forward_to_inner;
 
 pub mod holds;
 pub mod idle_rig;
+pub mod race_rig;
 pub mod rewrite_rig;
 
 /// A block carrying its number and a version (the simulators' encoding), and the version
