@@ -779,7 +779,9 @@ mod tests {
         s.lines().find_map(|l| l.strip_prefix("syscr: ")).expect("syscr").trim().parse().unwrap()
     }
 
-    fn patterned(dir: &tempfile::TempDir, blocks: u32) -> (PathBuf, Vec<u8>) {
+    /// A file of `blocks` 4 KiB blocks, each with its own bytes, and those bytes (shared by
+    /// the adversarial test modules below).
+    pub(super) fn patterned(dir: &tempfile::TempDir, blocks: u32) -> (PathBuf, Vec<u8>) {
         let p = dir.path().join("dev");
         let data: Vec<u8> = (0..blocks * 4096).map(|i| (i / 4096 * 7 + i % 251) as u8).collect();
         std::fs::write(&p, &data).unwrap();
@@ -1341,18 +1343,13 @@ mod tests {
 /// Adversarial review of `FileDevice::read_batch` / uring.rs (commit 394453e).
 #[cfg(test)]
 mod adversarial_batch_tests {
+    use super::tests::patterned;
     use super::*;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
 
-    fn patterned(dir: &tempfile::TempDir, blocks: u32) -> (PathBuf, Vec<u8>) {
-        let p = dir.path().join("dev");
-        let data: Vec<u8> = (0..blocks * 4096).map(|i| (i / 4096 * 7 + i % 251) as u8).collect();
-        std::fs::write(&p, &data).unwrap();
-        (p, data)
-    }
-
-    fn open(p: &Path, direct: bool) -> Option<FileDevice> {
+    /// `p` opened unlocked, O_DIRECT or not (None where the file system refuses O_DIRECT).
+    pub(super) fn open(p: &Path, direct: bool) -> Option<FileDevice> {
         match FileDevice::open_with(p, OpenOptions { direct, lock: false, read_only: false }) {
             Err(DeviceError::DirectIoUnsupported { .. }) => None,
             r => Some(r.unwrap()),
@@ -1671,6 +1668,7 @@ mod adversarial_batch_tests {
 /// is one suspicion; its comment says whether it held (BUG) or was refuted.
 #[cfg(test)]
 mod adversarial_write_batch_tests {
+    use super::adversarial_batch_tests::open;
     use super::*;
     use crate::{EmulatedDevice, FailMode, OpKind, SimDevice, PROFILES};
     use std::sync::atomic::Ordering;
@@ -1688,13 +1686,6 @@ mod adversarial_write_batch_tests {
         let data: Vec<u8> = (0..blocks * 4096).map(|i| (i / 4096 * 5 + i % 241) as u8).collect();
         std::fs::write(&p, data).unwrap();
         p
-    }
-
-    fn open(p: &Path, direct: bool) -> Option<FileDevice> {
-        match FileDevice::open_with(p, OpenOptions { direct, lock: false, read_only: false }) {
-            Err(DeviceError::DirectIoUnsupported { .. }) => None,
-            r => Some(r.unwrap()),
-        }
     }
 
     fn read_back(dev: &FileDevice, offset: u64, len: usize) -> Vec<u8> {
@@ -2239,6 +2230,8 @@ mod adversarial_write_batch_tests {
 /// them). Each test's comment states the suspicion and the outcome.
 #[cfg(test)]
 mod adversarial_each_tests {
+    use super::adversarial_batch_tests::open;
+    use super::tests::patterned;
     use super::*;
     use std::sync::Mutex;
 
@@ -2247,20 +2240,6 @@ mod adversarial_each_tests {
 
     fn serial() -> std::sync::MutexGuard<'static, ()> {
         SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn patterned(dir: &tempfile::TempDir, blocks: u32) -> (PathBuf, Vec<u8>) {
-        let p = dir.path().join("dev");
-        let data: Vec<u8> = (0..blocks * 4096).map(|i| (i / 4096 * 13 + i % 241) as u8).collect();
-        std::fs::write(&p, &data).unwrap();
-        (p, data)
-    }
-
-    fn open(p: &Path, direct: bool) -> Option<FileDevice> {
-        match FileDevice::open_with(p, OpenOptions { direct, lock: false, read_only: false }) {
-            Err(DeviceError::DirectIoUnsupported { .. }) => None,
-            r => Some(r.unwrap()),
-        }
     }
 
     /// `n` ranges of 1-3 blocks at scattered offsets within `blocks`, shaped by `i % 3`:

@@ -3,7 +3,6 @@
 //! (`BlockDevice::read_batch_each`), and checksums computed by crc-fast instead of crc32c.
 //! Each test's comment states the suspicion and the outcome.
 
-use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -291,21 +290,7 @@ fn random_layouts_with_corrupt_clean_copies_read_back_exactly() {
                     version += 1;
                     let n = rng.gen_range(1..=80u64);
                     let first = rng.gen_range(0..BLOCKS - n);
-                    match rng.gen_range(0..3) {
-                        0 => v.write(first * BS as u64, &stamps(first, n, version)).unwrap(),
-                        1 => {
-                            let mut bs: Vec<u64> = (first..first + n).collect();
-                            bs.shuffle(&mut rng);
-                            for b in bs {
-                                write(v, b, version);
-                            }
-                        }
-                        _ => {
-                            for b in (first..first + n).rev() {
-                                write(v, b, version);
-                            }
-                        }
-                    }
+                    write_in_some_order(v, &mut rng, first, n, version);
                     for b in first..first + n {
                         model[b as usize] = version;
                     }

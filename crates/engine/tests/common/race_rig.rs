@@ -94,6 +94,27 @@ pub struct Race {
     pub seconds: u64,
 }
 
+/// Writes version `version` of blocks `first..first + n` as one request, or block by block in a
+/// shuffled order, or block by block in reverse, as `rng` picks: a request's blocks in
+/// consecutive log slots, or scattered, or in reverse slot order.
+pub fn write_in_some_order(v: &Volume, rng: &mut impl Rng, first: u64, n: u64, version: u64) {
+    match rng.gen_range(0..3) {
+        0 => v.write(first * BS as u64, &stamps(first, n, version)).unwrap(),
+        1 => {
+            let mut bs: Vec<u64> = (first..first + n).collect();
+            bs.shuffle(rng);
+            for b in bs {
+                write(v, b, version);
+            }
+        }
+        _ => {
+            for b in (first..first + n).rev() {
+                write(v, b, version);
+            }
+        }
+    }
+}
+
 /// Per block: the newest version whose write completed, and the newest begun.
 struct Versions {
     done: Vec<AtomicU64>,
@@ -132,21 +153,7 @@ pub fn run_race(v: &Arc<Volume>, race: &Race, what: &str) -> u64 {
                     };
                     let first = base + rng.gen_range(0..race.span - n);
                     set(&vers.begun, first..first + n, version);
-                    match rng.gen_range(0..3) {
-                        0 => v.write(first * BS as u64, &stamps(first, n, version)).unwrap(),
-                        1 => {
-                            let mut bs: Vec<u64> = (first..first + n).collect();
-                            bs.shuffle(&mut rng);
-                            for b in bs {
-                                write(&v, b, version);
-                            }
-                        }
-                        _ => {
-                            for b in (first..first + n).rev() {
-                                write(&v, b, version);
-                            }
-                        }
-                    }
+                    write_in_some_order(&v, &mut rng, first, n, version);
                     set(&vers.done, first..first + n, version);
                     if rng.gen_bool(0.2) {
                         v.flush().unwrap();
