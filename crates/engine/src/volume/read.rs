@@ -333,10 +333,7 @@ impl Volume {
         read_ok: bool,
     ) -> impl Iterator<Item = usize> + 'a {
         let bs = self.bs;
-        blocks.filter(move |&k| {
-            let Source::Cache(e, _) = plan[k] else { unreachable!("a piece holds cache hits only") };
-            !read_ok || checksum(&buf[k * bs..(k + 1) * bs]) != e.crc
-        })
+        blocks.filter(move |&k| !read_ok || mismatch(plan, k, &buf[k * bs..(k + 1) * bs]))
     }
 
     /// Under the lock: admits the misses read (if `admit`, no write or loss cancelled the
@@ -625,6 +622,12 @@ impl Volume {
         buf.copy_from_slice(&whole[at..at + buf.len()]);
         Ok(())
     }
+}
+
+/// Whether `data`, read for the request's block `k` (a cache hit of `plan`), fails its checksum.
+fn mismatch(plan: &[Source], k: usize, data: &[u8]) -> bool {
+    let Source::Cache(e, _) = plan[k] else { unreachable!("a piece holds cache hits only") };
+    checksum(data) != e.crc
 }
 
 /// The request's cache hits when they are one piece: consecutive blocks of the request in
