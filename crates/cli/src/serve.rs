@@ -63,6 +63,12 @@ pub struct ServeArgs {
     /// Serve the volume as the file MOUNTDIR/volume through FUSE (for losetup --direct-io=on).
     #[arg(long, value_name = "MOUNTDIR")]
     fuse: Option<PathBuf>,
+    /// With --fuse: how the kernel hands requests over. io-uring (Linux 6.14+, with
+    /// `echo Y > /sys/module/fuse/parameters/enable_uring`) serves each on the CPU that sent
+    /// it, through io_uring; dev reads and writes /dev/fuse; auto takes io-uring where the
+    /// kernel enables it.
+    #[arg(long, value_enum, value_name = "HOW", default_value = "auto", requires = "fuse")]
+    fuse_transport: FuseTransport,
     /// Serve the volume as the block device /dev/ublkbN (Linux 6.0+, `modprobe ublk_drv`):
     /// the fastest frontend, no socket in the path. FLUSH and FUA reach the volume's flush.
     #[arg(long)]
@@ -126,6 +132,33 @@ pub struct ServeArgs {
 enum SizeValue {
     Bytes(u64),
     Text(String),
+}
+
+/// `serve --fuse-transport`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum FuseTransport {
+    Auto,
+    IoUring,
+    Dev,
+}
+
+/// Mounts `target` as MOUNTDIR/volume; the endpoint, named with its transport, goes to
+/// `endpoints`.
+fn mount_fuse(
+    target: &Arc<dyn tiercache_frontend::ByteIo>,
+    dir: &Path,
+    how: FuseTransport,
+    endpoints: &mut Vec<String>,
+) -> Result<tiercache_fuse::Mounted> {
+    let transport = match how {
+        FuseTransport::Auto => tiercache_fuse::Transport::Auto,
+        FuseTransport::IoUring => tiercache_fuse::Transport::IoUring,
+        FuseTransport::Dev => tiercache_fuse::Transport::Dev,
+    };
+    let mounted = tiercache_fuse::mount(Arc::clone(target), dir, transport)
+        .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?;
+    endpoints.push(format!("FUSE {}/{} ({})", dir.display(), tiercache_fuse::FILE_NAME, mounted.transport()));
+    Ok(mounted)
 }
 
 /// `serve --config FILE`: the same settings as the flags (unknown keys are errors).
@@ -366,13 +399,7 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
         .collect();
     let ublk = Ublk::start(args, &target, format!("passthrough {spec}"), &mut endpoints)?;
     let session = match &args.fuse {
-        Some(dir) => {
-            endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
-            Some(
-                tiercache_fuse::mount(Arc::clone(&target), dir)
-                    .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
-            )
-        }
+        Some(dir) => Some(mount_fuse(&target, dir, args.fuse_transport, &mut endpoints)?),
         None => None,
     };
     eprintln!("tiercache: serving {spec} without a cache on {}", endpoints.join(", "));
@@ -453,9 +480,6 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         ..Default::default()
     };
     let mut endpoints = bound.clone();
-    if let Some(dir) = &args.fuse {
-        endpoints.push(format!("FUSE {}/{}", dir.display(), tiercache_fuse::FILE_NAME));
-    }
     // The frontends' view of the volume: every request timed (for `status`, and for the
     // Prometheus histograms when metrics are served).
     let observed = match &args.metrics {
@@ -504,10 +528,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         threads.push(std::thread::spawn(move || tiercache_nbd::serve(listener, backend, config, stop)));
     }
     let mut fuse_session = match &args.fuse {
-        Some(dir) => Some(
-            tiercache_fuse::mount(Arc::clone(&backend), dir)
-                .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?,
-        ),
+        Some(dir) => Some(mount_fuse(&backend, dir, args.fuse_transport, &mut endpoints)?),
         None => None,
     };
     let serving = format!(

@@ -24,6 +24,8 @@ fn run(cmd: &str, args: &[&str]) -> String {
 
 struct Stack {
     vol: TempVolume,
+    /// `serve --fuse-transport`.
+    transport: &'static str,
     server: Option<Child>,
     loop_dev: Option<String>,
     mounted: bool,
@@ -37,7 +39,7 @@ impl Stack {
     fn start_server(&mut self) {
         let child = tiercache_cmd()
             .args(["serve", "--cache", p(&self.vol.cache), "--backing", p(&self.vol.backing)])
-            .args(["--fuse", p(&self.path("fuse"))])
+            .args(["--fuse", p(&self.path("fuse")), "--fuse-transport", self.transport])
             // Logs go to a file, as under a service manager (checked at the clean stop).
             .stderr(std::fs::File::create(self.path("serve.log")).unwrap())
             .spawn()
@@ -89,13 +91,26 @@ impl Drop for Stack {
 
 #[test]
 fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server() {
+    survives_sigkill("dev", "/dev/fuse");
+}
+
+#[test]
+fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server_through_io_uring() {
+    if common::enable_fuse_uring() {
+        survives_sigkill("io-uring", "io_uring");
+    }
+}
+
+/// The whole story with the server's FUSE requests coming `--fuse-transport TRANSPORT`; its
+/// log must name `shown` as the way they came.
+fn survives_sigkill(transport: &'static str, shown: &str) {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "this test mounts file systems: run it as root (CI does)");
     let vol = TempVolume::created(256 << 20, "64M");
     for d in ["fuse", "ext"] {
         std::fs::create_dir(vol.path(d)).unwrap();
     }
-    let mut st = Stack { vol, server: None, loop_dev: None, mounted: false };
+    let mut st = Stack { vol, transport, server: None, loop_dev: None, mounted: false };
     st.start_server();
     st.attach_and_mount(true);
     // Files of many sizes, each fsynced (dd conv=fsync), plus a directory tree.
@@ -156,6 +171,7 @@ fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server() {
     // Logs written to a file: no terminal escape codes, and a clean stop warns of nothing.
     let log = std::fs::read_to_string(st.path("serve.log")).unwrap();
     assert!(log.contains("stopped cleanly"), "{log}");
+    assert!(log.contains(&format!("/volume ({shown})")), "not served through {shown}: {log}");
     assert!(!log.contains('\x1b'), "escape codes in a log file: {log:?}");
     assert!(!log.contains("WARN") && !log.contains("ERROR"), "a clean stop logged a warning: {log}");
 }

@@ -3,18 +3,18 @@
 //! script runs on each: unaligned writes, an O_DSYNC write, fallocate ZERO_RANGE and
 //! PUNCH_HOLE (which must read as zeroes), plain allocation, a write past the end, a short
 //! read at the end; the file must then equal a byte model, and for the passthrough so must the
-//! device file after a clean stop. Needs root, /dev/fuse and fuse3 (like fuse_ext4.rs), and
-//! util-linux's fallocate.
+//! device file after a clean stop. The hybrid volume's file is checked through both ways the
+//! kernel can hand FUSE requests over: /dev/fuse and io_uring (where the kernel has it).
+//! Needs root, /dev/fuse and fuse3 (like fuse_ext4.rs), and util-linux's fallocate.
 
+mod common;
+
+use common::p;
 use std::fs::OpenOptions;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
-
-fn p(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 /// A running `tiercache serve ... --fuse DIR`, stopped with SIGTERM when dropped.
 struct Served {
@@ -23,13 +23,14 @@ struct Served {
 }
 
 impl Served {
+    /// Serves with `args` and `--fuse MOUNTDIR`; the log goes to MOUNTDIR.log.
     fn start(args: &[&str], mountdir: &Path) -> Served {
         std::fs::create_dir(mountdir).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_tiercache"))
             .arg("serve")
             .args(args)
             .args(["--fuse", p(mountdir)])
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(mountdir.with_extension("log")).unwrap())
             .spawn()
             .unwrap();
         let served = Served { child: Some(child), mountdir: mountdir.to_path_buf() };
@@ -45,12 +46,14 @@ impl Served {
         self.mountdir.join("volume")
     }
 
-    fn stop(&mut self) {
+    /// Stops the server with SIGTERM; its log.
+    fn stop(&mut self) -> String {
         if let Some(mut c) = self.child.take() {
             // SAFETY: kill(2) on the PID of a child we own; no memory is passed.
             unsafe { libc::kill(c.id() as i32, libc::SIGTERM) };
             assert!(c.wait().unwrap().success(), "serve did not stop cleanly");
         }
+        std::fs::read_to_string(self.mountdir.with_extension("log")).unwrap()
     }
 }
 
@@ -123,8 +126,9 @@ fn check_root() {
     assert_eq!(unsafe { libc::geteuid() }, 0, "this test mounts file systems: run it as root (CI does)");
 }
 
-#[test]
-fn the_fuse_file_of_a_hybrid_volume_matches_a_byte_model() {
+/// The script on a hybrid volume's file served `--fuse-transport TRANSPORT`; the server's
+/// log must name `shown` as the way requests came.
+fn hybrid_volume_matches_a_byte_model(transport: &str, shown: &str) {
     check_root();
     let dir = tempfile::tempdir().unwrap();
     let (cache, backing) = (dir.path().join("cache.img"), dir.path().join("backing.img"));
@@ -134,10 +138,24 @@ fn the_fuse_file_of_a_hybrid_volume_matches_a_byte_model() {
         .output()
         .unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let mut served = Served::start(&["--cache", p(&cache), "--backing", p(&backing)], &dir.path().join("fuse"));
+    let args = ["--cache", p(&cache), "--backing", p(&backing), "--fuse-transport", transport];
+    let mut served = Served::start(&args, &dir.path().join("fuse"));
     let mut model = vec![0u8; 32 << 20];
     exercise(&served.file(), &mut model);
-    served.stop();
+    let log = served.stop();
+    assert!(log.contains(&format!("/volume ({shown})")), "not served through {shown}: {log}");
+}
+
+#[test]
+fn the_fuse_file_of_a_hybrid_volume_matches_a_byte_model_through_dev_fuse() {
+    hybrid_volume_matches_a_byte_model("dev", "/dev/fuse");
+}
+
+#[test]
+fn the_fuse_file_of_a_hybrid_volume_matches_a_byte_model_through_io_uring() {
+    if common::enable_fuse_uring() {
+        hybrid_volume_matches_a_byte_model("io-uring", "io_uring");
+    }
 }
 
 #[test]
@@ -149,6 +167,6 @@ fn the_fuse_file_of_a_passthrough_device_matches_a_byte_model_and_so_does_the_de
     std::fs::write(&raw, &model).unwrap();
     let mut served = Served::start(&["--passthrough", p(&raw)], &dir.path().join("fuse"));
     exercise(&served.file(), &mut model);
-    served.stop();
+    let _ = served.stop();
     assert!(std::fs::read(&raw).unwrap() == model, "the device file differs from the model");
 }

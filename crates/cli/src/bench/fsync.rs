@@ -66,6 +66,10 @@ pub struct FsyncArgs {
     /// with device flushes per fsync. Needs root; everything is torn down afterwards.
     #[arg(long, value_enum, conflicts_with_all = ["targets", "cache", "backing"])]
     through: Option<super::through::Through>,
+    /// With --through fuse: how the kernel hands the FUSE file's requests to the server
+    /// (`serve --fuse-transport`: auto, io-uring or dev).
+    #[arg(long, value_enum, value_name = "HOW", default_value = "auto")]
+    fuse_transport: crate::serve::FuseTransport,
     /// With --through: where the work directory goes (default /var/tmp); its files are about
     /// 2 GiB, one disk (the reference and the cache file share it).
     #[arg(long, value_name = "DIR", requires = "through")]
@@ -233,6 +237,7 @@ pub fn run(args: FsyncArgs) -> Result<()> {
     if let Some(through) = args.through {
         return super::through::run_through(super::through::Options {
             through,
+            fuse_transport: args.fuse_transport,
             seconds: args.seconds,
             rounds: args.rounds,
             dir: args.dir,

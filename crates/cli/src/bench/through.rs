@@ -15,6 +15,7 @@
 //! commit turns many committers' fsyncs into fewer device flushes.
 
 use crate::report::{latency_histogram, round1, thousands, Table};
+use crate::serve::FuseTransport;
 use anyhow::{bail, Context, Result};
 use hdrhistogram::Histogram;
 use serde::Serialize;
@@ -49,6 +50,7 @@ const COMMITTERS: usize = 16;
 
 pub struct Options {
     pub through: Through,
+    pub fuse_transport: FuseTransport,
     pub seconds: f64,
     pub rounds: u32,
     pub dir: Option<PathBuf>,
@@ -340,13 +342,21 @@ pub fn run_through(o: Options) -> Result<()> {
     let backing = format!("emulated:hdd:{}", backing_file.display());
     run(Command::new(&exe).arg("create").arg("--cache").arg(&cache).args(["--backing", &backing]))?;
     let control = w.join("control.sock");
+    let uring = match o.fuse_transport {
+        FuseTransport::Auto => tiercache_fuse::io_uring_enabled(),
+        FuseTransport::IoUring => true,
+        FuseTransport::Dev => false,
+    };
     let served_name = match o.through {
-        Through::Fuse => "ext4 on loop on the FUSE file (hybrid: the cache file over emulated hdd)",
-        Through::Nbd => "ext4 on loop on nbdfuse over NBD (hybrid: the cache file over emulated hdd)",
-        Through::Ublk => "ext4 on /dev/ublkbN (hybrid: the cache file over emulated hdd)",
+        Through::Fuse => format!(
+            "ext4 on loop on the FUSE file through {} (hybrid: the cache file over emulated hdd)",
+            if uring { "io_uring" } else { "/dev/fuse" }
+        ),
+        Through::Nbd => "ext4 on loop on nbdfuse over NBD (hybrid: the cache file over emulated hdd)".into(),
+        Through::Ublk => "ext4 on /dev/ublkbN (hybrid: the cache file over emulated hdd)".into(),
     };
     say(&format!("setting up: {served_name}"));
-    let mut served = Stack::new(served_name, w.join("mnt-served"));
+    let mut served = Stack::new(&served_name, w.join("mnt-served"));
     served.control = Some((cache.clone(), control.clone()));
     let mut serve = Command::new(&exe);
     serve.arg("serve").arg("--cache").arg(&cache).args(["--backing", &backing]).arg("--control").arg(&control);
@@ -356,7 +366,9 @@ pub fn run_through(o: Options) -> Result<()> {
             std::fs::create_dir_all(&dir)?;
             served.fuse_dirs.push(dir.clone());
             let file = dir.join("volume");
-            served.spawn_serving(serve.arg("--fuse").arg(&dir), "tiercache serve --fuse", &file)?;
+            let how = clap::ValueEnum::to_possible_value(&o.fuse_transport).expect("a value").get_name().to_string();
+            serve.arg("--fuse").arg(&dir).args(["--fuse-transport", &how]);
+            served.spawn_serving(&mut serve, "tiercache serve --fuse", &file)?;
             file
         }
         Through::Ublk => {

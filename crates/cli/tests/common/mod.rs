@@ -258,3 +258,16 @@ pub fn stamped_version(block: u64, data: &[u8], what: &str) -> u64 {
     assert_eq!(b, block, "{what} holds another block's data");
     v
 }
+
+/// Turns on FUSE over io_uring for the mounts a test makes (the kernel reads the switch at
+/// each mount's INIT; as root). False, with a note, where this kernel has no such switch
+/// (before 6.14, or built without CONFIG_FUSE_IO_URING): the caller then skips.
+pub fn enable_fuse_uring() -> bool {
+    let param = Path::new("/sys/module/fuse/parameters/enable_uring");
+    if !param.exists() {
+        eprintln!("skipped: this kernel has no FUSE over io_uring ({} is missing)", param.display());
+        return false;
+    }
+    std::fs::write(param, "Y").expect("turning on FUSE over io_uring (needs root)");
+    true
+}
