@@ -419,6 +419,18 @@ pub fn mount(volume: Arc<dyn ByteIo>, mountdir: &std::path::Path, transport: Tra
             true
         }
     };
+    // Where this process may not set up an io_uring (a seccomp filter, io_uring_disabled),
+    // asking for it at INIT would only make a mount that holds every request until it is
+    // torn down again, which something waiting in it (a stat as it comes up) prevents.
+    if want_uring {
+        if let Err(e) = uring::can_set_up() {
+            if transport == Transport::IoUring {
+                return Err(e);
+            }
+            tracing::warn!(error = %e, "FUSE over io_uring unavailable; serving through /dev/fuse");
+            return mount(volume, mountdir, Transport::Dev);
+        }
+    }
     let mut config = fuser::Config::default();
     config.mount_options = vec![
         fuser::MountOption::FSName("tiercache".into()),
@@ -447,13 +459,18 @@ pub fn mount(volume: Arc<dyn ByteIo>, mountdir: &std::path::Path, transport: Tra
         let threads_per_queue = FUSE_THREADS.div_ceil(uring::possible_cpus()).max(4);
         match uring::Ring::start(fd, Arc::clone(&file), threads_per_queue) {
             Ok(ring) => Some(ring),
-            Err(e) if transport == Transport::Auto => {
-                // (The session, dropped, unmounts; the entries that did register end with it.)
+            Err((e, registered)) => {
+                // The session, dropped, unmounts; the entries that did register end with the
+                // mount, and release its /dev/fuse descriptor, their rings and buffers: wait
+                // for that before mounting again.
                 drop(session);
+                registered.join();
+                if transport != Transport::Auto {
+                    return Err(e);
+                }
                 tracing::warn!(error = %e, "FUSE over io_uring failed; mounting again through /dev/fuse");
                 return mount(volume, mountdir, Transport::Dev);
             }
-            Err(e) => return Err(e),
         }
     } else if transport == Transport::IoUring {
         return Err(std::io::Error::new(
