@@ -155,8 +155,9 @@ fn mount_fuse(
         FuseTransport::IoUring => tiercache_fuse::Transport::IoUring,
         FuseTransport::Dev => tiercache_fuse::Transport::Dev,
     };
+    let hint = if how == FuseTransport::IoUring { "" } else { " (is fuse3 installed?)" };
     let mounted = tiercache_fuse::mount(Arc::clone(target), dir, transport)
-        .with_context(|| format!("mounting FUSE at {} (is fuse3 installed?)", dir.display()))?;
+        .with_context(|| format!("mounting FUSE at {}{hint}", dir.display()))?;
     endpoints.push(format!("FUSE {}/{} ({})", dir.display(), tiercache_fuse::FILE_NAME, mounted.transport()));
     Ok(mounted)
 }

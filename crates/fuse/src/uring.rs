@@ -237,14 +237,16 @@ fn entry_thread(fd: &OwnedFd, qid: u16, pin: bool, file: &VolumeFile, registered
     let fail = |e: io::Error| {
         let _ = registered.send(Err(e));
     };
-    let mut ring: IoUring<squeue::Entry128> = match IoUring::<squeue::Entry128>::builder().build(2) {
-        Ok(r) => r,
-        Err(e) => return fail(io::Error::new(e.kind(), format!("io_uring with 128-byte entries: {e}"))),
-    };
     let mut header = vec![0u8; HEADER_BYTES];
     // Page-aligned: a READ is read from the volume straight into it, with O_DIRECT below.
     let (mut payload_buf, at) = tiercache_frontend::read_buffer(PAYLOAD_BYTES);
     let payload = &mut payload_buf[at..at + PAYLOAD_BYTES];
+    // (Made after the buffers, so dropped before them: the ring, closed, cancels the entry's
+    // command before the memory it points at is freed.)
+    let mut ring: IoUring<squeue::Entry128> = match IoUring::<squeue::Entry128>::builder().build(2) {
+        Ok(r) => r,
+        Err(e) => return fail(io::Error::new(e.kind(), format!("io_uring with 128-byte entries: {e}"))),
+    };
     // The kernel keeps these addresses for the entry's life: neither buffer moves or is
     // freed before the thread ends, and the thread ends only once the kernel has completed
     // the entry's last command (or the ring, dropped with them, cancels it).
