@@ -478,6 +478,15 @@ pub fn mount(volume: Arc<dyn ByteIo>, mountdir: &std::path::Path, transport: Tra
             "the kernel did not offer FUSE over io_uring at INIT (needs protocol 7.42, Linux 6.14+)",
         ));
     } else {
+        if want_uring {
+            // The switch was on when `kernel_enables` read it and off at INIT: the session
+            // was made with one thread for io_uring, and requests may already wait in it, so
+            // it is not mounted again (an unmount would find them busy).
+            tracing::warn!(
+                "the kernel did not grant FUSE over io_uring at INIT (enable_uring turned off meanwhile?): \
+                 serving through /dev/fuse with one thread; restart the server for all {FUSE_THREADS}"
+            );
+        }
         None
     };
     Ok(Mounted { session: session.spawn()?, ring })
