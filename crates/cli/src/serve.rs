@@ -44,7 +44,8 @@ Under systemd (Type=notify) it reports READY=1 once recovered and serving.
 `tiercache status` and `tiercache flush` work while this runs (through the control socket).")]
 pub struct ServeArgs {
     /// A TOML file with any of the settings below (keys: cache, backing, nbd, fuse,
-    /// export_name, control, metrics, dirty_low, dirty_high); flags given as well override it.
+    /// fuse_transport, export_name, control, metrics, dirty_low, dirty_high); flags given as
+    /// well override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// The cache device: PATH, or emulated:PROFILE:PATH.
@@ -66,9 +67,9 @@ pub struct ServeArgs {
     /// With --fuse: how the kernel hands requests over. io-uring (Linux 6.14+, with
     /// `echo Y > /sys/module/fuse/parameters/enable_uring`) serves each on the CPU that sent
     /// it, through io_uring; dev reads and writes /dev/fuse; auto takes io-uring where the
-    /// kernel enables it.
-    #[arg(long, value_enum, value_name = "HOW", default_value = "auto", requires = "fuse")]
-    fuse_transport: FuseTransport,
+    /// kernel enables it (the default).
+    #[arg(long, value_enum, value_name = "HOW", requires = "fuse")]
+    fuse_transport: Option<FuseTransport>,
     /// Serve the volume as the block device /dev/ublkbN (Linux 6.0+, `modprobe ublk_drv`):
     /// the fastest frontend, no socket in the path. FLUSH and FUA reach the volume's flush.
     #[arg(long)]
@@ -134,8 +135,9 @@ enum SizeValue {
     Text(String),
 }
 
-/// `serve --fuse-transport`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+/// `serve --fuse-transport` (and `fuse_transport` in a config file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
 pub(crate) enum FuseTransport {
     Auto,
     IoUring,
@@ -171,6 +173,8 @@ struct ServeConfig {
     #[serde(default)]
     nbd: Vec<String>,
     fuse: Option<PathBuf>,
+    /// "auto", "io-uring" or "dev".
+    fuse_transport: Option<FuseTransport>,
     export_name: Option<String>,
     control: Option<PathBuf>,
     metrics: Option<String>,
@@ -196,6 +200,7 @@ impl ServeArgs {
             self.nbd = c.nbd;
         }
         self.fuse = self.fuse.or(c.fuse);
+        self.fuse_transport = self.fuse_transport.or(c.fuse_transport);
         self.export_name = self.export_name.or(c.export_name);
         self.control = self.control.or(c.control);
         self.metrics = self.metrics.or(c.metrics);
@@ -400,7 +405,9 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
         .collect();
     let ublk = Ublk::start(args, &target, format!("passthrough {spec}"), &mut endpoints)?;
     let session = match &args.fuse {
-        Some(dir) => Some(mount_fuse(&target, dir, args.fuse_transport, &mut endpoints)?),
+        Some(dir) => {
+            Some(mount_fuse(&target, dir, args.fuse_transport.unwrap_or(FuseTransport::Auto), &mut endpoints)?)
+        }
         None => None,
     };
     eprintln!("tiercache: serving {spec} without a cache on {}", endpoints.join(", "));
@@ -529,7 +536,9 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         threads.push(std::thread::spawn(move || tiercache_nbd::serve(listener, backend, config, stop)));
     }
     let mut fuse_session = match &args.fuse {
-        Some(dir) => Some(mount_fuse(&backend, dir, args.fuse_transport, &mut endpoints)?),
+        Some(dir) => {
+            Some(mount_fuse(&backend, dir, args.fuse_transport.unwrap_or(FuseTransport::Auto), &mut endpoints)?)
+        }
         None => None,
     };
     let serving = format!(

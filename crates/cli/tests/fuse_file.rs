@@ -131,19 +131,43 @@ fn check_root() {
 fn hybrid_volume_matches_a_byte_model(transport: &str, shown: &str) {
     check_root();
     let dir = tempfile::tempdir().unwrap();
-    let (cache, backing) = (dir.path().join("cache.img"), dir.path().join("backing.img"));
-    std::fs::File::create(&backing).unwrap().set_len(32 << 20).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
-        .args(["create", "--cache", p(&cache), "--cache-size", "16M", "--backing", p(&backing)])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (cache, backing) = hybrid_volume(dir.path());
     let args = ["--cache", p(&cache), "--backing", p(&backing), "--fuse-transport", transport];
     let mut served = Served::start(&args, &dir.path().join("fuse"));
     let mut model = vec![0u8; 32 << 20];
     exercise(&served.file(), &mut model);
     let log = served.stop();
     assert!(log.contains(&format!("/volume ({shown})")), "not served through {shown}: {log}");
+}
+
+/// A 32 MiB hybrid volume with a 16 MiB cache in `dir`: (cache, backing).
+fn hybrid_volume(dir: &Path) -> (PathBuf, PathBuf) {
+    let (cache, backing) = (dir.join("cache.img"), dir.join("backing.img"));
+    std::fs::File::create(&backing).unwrap().set_len(32 << 20).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tiercache"))
+        .args(["create", "--cache", p(&cache), "--cache-size", "16M", "--backing", p(&backing)])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (cache, backing)
+}
+
+/// `fuse_transport` in a config file: with the kernel's switch on, where `auto` takes
+/// io_uring, a file's "dev" keeps /dev/fuse.
+#[test]
+fn a_config_files_fuse_transport_is_the_one_used() {
+    check_root();
+    if !common::enable_fuse_uring() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (cache, backing) = hybrid_volume(dir.path());
+    let config = dir.path().join("volume.toml");
+    let text = format!("cache = {:?}\nbacking = {:?}\nfuse_transport = \"dev\"\n", p(&cache), p(&backing));
+    std::fs::write(&config, text).unwrap();
+    let mut served = Served::start(&["--config", p(&config)], &dir.path().join("fuse"));
+    let log = served.stop();
+    assert!(log.contains("/volume (/dev/fuse)"), "the file's transport was not used: {log}");
 }
 
 #[test]

@@ -79,6 +79,7 @@ fn a_bad_config_file_is_refused_with_its_line() {
         ("cache = \"/c\"\nbackign = \"/b\"\n", "line 2"),
         ("cache = \"/c\"\nbacking = \"/b\"\nnbd = \"unix:/x\"\n", "line 3"),
         ("nbd = [\"unix:/x\"]\n", "give the cache and backing devices"),
+        ("cache = \"/c\"\nbacking = \"/b\"\nfuse_transport = \"uring\"\n", "unknown variant `uring`"),
     ] {
         std::fs::write(&config, text).unwrap();
         let out = tiercache_cmd().args(["serve", "--config", p(&config)]).output().unwrap();

@@ -67,9 +67,9 @@ pub struct FsyncArgs {
     #[arg(long, value_enum, conflicts_with_all = ["targets", "cache", "backing"])]
     through: Option<super::through::Through>,
     /// With --through fuse: how the kernel hands the FUSE file's requests to the server
-    /// (`serve --fuse-transport`: auto, io-uring or dev).
-    #[arg(long, value_enum, value_name = "HOW", default_value = "auto")]
-    fuse_transport: crate::serve::FuseTransport,
+    /// (`serve --fuse-transport`: auto, the default, io-uring or dev).
+    #[arg(long, value_enum, value_name = "HOW", requires = "through")]
+    fuse_transport: Option<crate::serve::FuseTransport>,
     /// With --through: where the work directory goes (default /var/tmp); its files are about
     /// 2 GiB, one disk (the reference and the cache file share it).
     #[arg(long, value_name = "DIR", requires = "through")]
@@ -237,7 +237,7 @@ pub fn run(args: FsyncArgs) -> Result<()> {
     if let Some(through) = args.through {
         return super::through::run_through(super::through::Options {
             through,
-            fuse_transport: args.fuse_transport,
+            fuse_transport: args.fuse_transport.unwrap_or(crate::serve::FuseTransport::Auto),
             seconds: args.seconds,
             rounds: args.rounds,
             dir: args.dir,
