@@ -262,8 +262,9 @@ fn entry_thread(fd: &OwnedFd, qid: u16, pin: bool, file: &VolumeFile, registered
         2,
     );
     // A registration fails at once (a completion with an error) or stays pending until the
-    // first request; EAGAIN: the kernel has not seen the INIT reply yet.
-    let mut first = None;
+    // first request (whose completion may be here already: then it is served first); EAGAIN:
+    // the kernel has not seen the INIT reply yet.
+    let mut have_request = false;
     for attempt in 0.. {
         // SAFETY: the entry points at `iov` and the two buffers, alive until the thread
         // ends (above).
@@ -282,14 +283,13 @@ fn entry_thread(fd: &OwnedFd, qid: u16, pin: bool, file: &VolumeFile, registered
                 ))
             }
             Some(_) => {
-                first = Some(());
+                have_request = true;
                 break;
             }
             None => break,
         }
     }
     let _ = registered.send(Ok(()));
-    let mut have_request = first.is_some();
     loop {
         if !have_request {
             match ring.submit_and_wait(1) {
