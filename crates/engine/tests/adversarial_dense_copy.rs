@@ -314,8 +314,13 @@ fn a_write_back_batch_held_at_its_backing_flush_while_reclaim_copies_its_blocks(
         v.write(FILLER * BS as u64, &stamps(FILLER, FILLER_N, next)).unwrap();
         v.flush().unwrap();
     });
+    // (Wait for the copies' new positions, not for the counter alone: reclaim counts the dense
+    // copy when it chooses it, before the copies' record is written and installed, and a test
+    // that looked at the slots as soon as the counter moved failed once in CI, on a loaded
+    // machine, seeing block 100 still at its old slot.)
+    let moved = || (100..108).zip(&moved_from).all(|(b, &old)| slot_of(&r.v, b).is_some_and(|(now, _)| now != old));
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while r.v.status().counters.dense_copy_forwards == 0 {
+    while r.v.status().counters.dense_copy_forwards == 0 || !moved() {
         assert!(std::time::Instant::now() < deadline, "reclaim never copied the dense window");
         std::thread::sleep(Duration::from_millis(1));
     }
