@@ -41,7 +41,6 @@
 //!   and then copying never looks cheaper.
 
 use std::sync::Arc;
-use std::time::Duration;
 use tiercache_device::{BlockDevice, Clock as _, SimClock, SimDevice, SimLatency};
 use tiercache_engine::{Volume, VolumeOptions};
 
@@ -319,11 +318,7 @@ fn a_write_back_batch_held_at_its_backing_flush_while_reclaim_copies_its_blocks(
     // that looked at the slots as soon as the counter moved failed once in CI, on a loaded
     // machine, seeing block 100 still at its old slot.)
     let moved = || (100..108).zip(&moved_from).all(|(b, &old)| slot_of(&r.v, b).is_some_and(|(now, _)| now != old));
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while r.v.status().counters.dense_copy_forwards == 0 || !moved() {
-        assert!(std::time::Instant::now() < deadline, "reclaim never copied the dense window");
-        std::thread::sleep(Duration::from_millis(1));
-    }
+    wait_until("reclaim copied the dense window", || r.v.status().counters.dense_copy_forwards > 0 && moved());
     for (b, &old) in (100..108).zip(&moved_from) {
         let (now, dirty) = slot_of(&r.v, b).expect("cached");
         assert!(now != old && dirty, "block {b} copied forward, still dirty");
