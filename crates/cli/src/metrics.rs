@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 31] = [
+        let counters: [(&str, &str, u64); 32] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -218,6 +218,11 @@ impl Collector for VolumeCollector {
                 "preclean_idle_blocks",
                 "Dirty blocks the pre-cleaner wrote back beyond its horizon, over data not rewritten for 10 s, while nothing nearer needed it",
                 c.preclean_idle_blocks,
+            ),
+            (
+                "gentle_write_back_batches",
+                "Write-back batches run at the gentle pace (small log reads, few backing writes in flight) while nothing waited for them",
+                c.gentle_write_back_batches,
             ),
             ("cache_flushes", "Flushes of the cache device", c.cache_flushes),
             ("backing_flushes", "Flushes of the backing device", c.backing_flushes),

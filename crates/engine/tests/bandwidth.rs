@@ -8,6 +8,11 @@
 //! - `the_pre_cleaner_writes_back_the_head_before_the_writer_needs_it`: below the high
 //!   watermark, the background round writes back the dirty blocks the writer is about to
 //!   reach, so the writer then reclaims them with no backing I/O of its own;
+//! - `the_pre_cleaner_ahead_of_the_writers_writes_back_gently`: while the writers have more
+//!   than half the pre-cleaner's horizon to write before they meet what it has not judged,
+//!   its batches read the log `GENTLE_READ_BLOCKS` slots at a time and keep at most
+//!   `GENTLE_WRITES_IN_FLIGHT` backing writes in flight (a log write or cache flush then
+//!   queues behind little); closer, the same batch reads and writes all at once;
 //! - `a_writer_that_must_write_back_does_it_in_batches`: when nobody pre-cleaned, reclaim's
 //!   own write-back covers the next segments too: one backing flush for several segments,
 //!   not one per segment;
@@ -168,6 +173,68 @@ fn the_pre_cleaner_writes_back_the_head_before_the_writer_needs_it() {
         };
         assert_eq!(one, stamp(b, version), "block {b}");
     }
+}
+
+/// A log holding 192 dirty blocks two apart on the backing device (so each is a run of its
+/// own there), written 32 to a record, then clean blocks until `free` blocks are left at the
+/// tail; returns the volume after one background round, with the devices' I/O counts over
+/// that round.
+fn one_preclean_round(free: u64) -> (Volume, Round) {
+    let (cache, backing, volume) = volume();
+    for r in 0..6u64 {
+        for b in (r * 64..r * 64 + 64).step_by(2) {
+            volume.write(b * BS as u64, &stamp(b, 1)).unwrap();
+        }
+        volume.flush().unwrap();
+    }
+    admit_until(&volume, 1024, LOG_BLOCKS - free);
+    assert_eq!(volume.status().log_head, 0, "nothing reclaimed yet");
+    let (c0, b0) = (cache.stats(), backing.stats());
+    volume.background_tick().unwrap();
+    let (c1, b1) = (cache.stats(), backing.stats());
+    let round = Round {
+        cache_reads: c1.reads - c0.reads,
+        writes: b1.writes - b0.writes,
+        write_batches: b1.write_batches - b0.write_batches,
+        flushes: b1.flushes - b0.flushes,
+    };
+    (volume, round)
+}
+
+/// The I/O of one background round: cache reads, backing writes, `write_batch` calls and
+/// flushes.
+struct Round {
+    cache_reads: u64,
+    writes: u64,
+    write_batches: u64,
+    flushes: u64,
+}
+
+#[test]
+fn the_pre_cleaner_ahead_of_the_writers_writes_back_gently() {
+    // The horizon is a quarter of the log here (256 blocks: everything was written within
+    // the last second). 160 blocks free (less a read's admissions): more than half of it
+    // ahead of the writers.
+    let (volume, r) = one_preclean_round(160);
+    let s = volume.status();
+    let written = 192 - s.dirty_blocks;
+    assert!(written >= 96 && r.flushes > 0, "the round wrote back {written} blocks");
+    assert!(s.counters.gentle_write_back_batches > 0, "{:?}", s.counters);
+    assert_eq!(r.writes, written, "one backing write per block (none adjacent)");
+    // 32 slots per read at most (the records' headers lie between the blocks); 4 writes in
+    // flight at most.
+    assert!(r.cache_reads >= written.div_ceil(32), "{} cache reads for {written} blocks", r.cache_reads);
+    assert!(r.write_batches >= written.div_ceil(4), "{} write batches for {written} scattered blocks", r.write_batches);
+
+    // 80 blocks free: the writers are within half the horizon, the batch runs at full pace.
+    let (volume, r) = one_preclean_round(80);
+    let s = volume.status();
+    let written = 192 - s.dirty_blocks;
+    assert!(written >= 96 && r.flushes > 0, "the round wrote back {written} blocks");
+    assert_eq!(s.counters.gentle_write_back_batches, 0, "{:?}", s.counters);
+    assert_eq!(r.writes, written);
+    assert!(r.cache_reads <= r.flushes, "{} cache reads in {} batches: one per batch", r.cache_reads, r.flushes);
+    assert_eq!(r.write_batches, r.flushes, "every write of a batch in flight together");
 }
 
 #[test]

@@ -35,6 +35,21 @@ impl Volume {
     /// fails, its wanted runs are read again without the gaps, so a medium error in a slot
     /// nobody needs (a stale copy, a header) costs nothing more than it did before.
     pub(super) fn read_slots(&self, slots: &[u32], out: &mut [u8]) -> std::result::Result<(), DeviceError> {
+        self.read_slots_paced(slots, out, Pace::Full)
+    }
+
+    /// `read_slots`; at `Pace::Gentle` no I/O spans more than `GENTLE_READ_BLOCKS` slots
+    /// (skipped ones included).
+    pub(super) fn read_slots_paced(
+        &self,
+        slots: &[u32],
+        out: &mut [u8],
+        pace: Pace,
+    ) -> std::result::Result<(), DeviceError> {
+        let span = match pace {
+            Pace::Full => usize::MAX,
+            Pace::Gentle => GENTLE_READ_BLOCKS,
+        };
         let bs = self.bs;
         debug_assert_eq!(out.len(), slots.len() * bs);
         let mut order: Vec<usize> = (0..slots.len()).collect();
@@ -49,6 +64,9 @@ impl Volume {
                 let (prev, next) = (slots[order[i - 1]], slots[order[i]]);
                 // (A slot never repeats among live blocks; the stretch ends there if it did.)
                 if next == prev || (next - prev - 1) as usize > MAX_READ_THROUGH_SLOTS {
+                    break;
+                }
+                if i - start + skipped + (next - prev) as usize > span {
                     break;
                 }
                 skipped += (next - prev - 1) as usize;

@@ -97,7 +97,7 @@ pub use preload::PreloadReport;
 pub use write_around::WriteAroundPolicy;
 
 pub(crate) use log_io::read_log;
-use writeback::Elevator;
+use writeback::{Elevator, Pace};
 
 /// The state lock's guard (see `lock_order`).
 type StateGuard<'a> = lock_order::Ranked<MutexGuard<'a, State>>;
@@ -345,6 +345,10 @@ pub struct Counters {
     /// for `PRECLEAN_IDLE_AGE_MS`, when nothing within the horizon needed it (`Reach::Idle`).
     #[serde(default)]
     pub preclean_idle_blocks: u64,
+    /// Write-back batches run at the gentle pace (`Pace::Gentle`: small log reads, few backing
+    /// writes in flight), nothing waiting for them.
+    #[serde(default)]
+    pub gentle_write_back_batches: u64,
     /// The longest a reclaim waited for the destage lock (the write-back batch under way) before
     /// its own write-back, in microseconds of the volume's clock: batches sized by time bound it
     /// (`DESTAGE_BATCH_MS`).

@@ -305,7 +305,7 @@ impl Volume {
                 from = to;
             }
         }
-        self.destage_blocks(dirty)?;
+        self.destage_blocks(dirty, Pace::Full)?;
         Ok(())
     }
 
@@ -591,7 +591,7 @@ impl Volume {
         };
         if !dirty.is_empty() {
             let _destage = self.lock_destage();
-            self.destage_blocks(dirty)?;
+            self.destage_blocks(dirty, Pace::Full)?;
         }
         {
             let mut st = self.lock();

@@ -42,6 +42,20 @@ pub(super) enum Reach {
     Idle,
 }
 
+/// How hard a write-back batch presses on devices it may share with the writers' I/O.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Pace {
+    /// Something waits for the batch, or soon will: the log read in stretches as long as the
+    /// batch allows, every backing write in flight together.
+    Full,
+    /// Nothing does (the pre-cleaner with more than half its horizon judged ahead of the
+    /// writers, or its idle reach): the log read `GENTLE_READ_BLOCKS` slots at a time and at most
+    /// `GENTLE_WRITES_IN_FLIGHT` backing writes in flight, so that a writer's log write and
+    /// cache flush queue behind little (constants.rs has the figures). If the gentle pace
+    /// falls behind, the writers come within half the horizon and the next batch runs `Full`.
+    Gentle,
+}
+
 impl Volume {
     /// Writes back one batch of dirty blocks in backing-address order, continuing from where
     /// the last batch stopped (an elevator). Returns how many blocks were written back.
@@ -61,7 +75,7 @@ impl Volume {
         if batch.is_empty() {
             return Ok(0);
         }
-        self.destage_blocks(batch)
+        self.destage_blocks(batch, Pace::Full)
     }
 
     /// Fills the elevator's plan: the first `ELEVATOR_PLAN_BLOCKS` dirty blocks at or after
@@ -121,7 +135,7 @@ impl Volume {
     /// chooses the cheaper of the two this way).
     pub(super) fn preclean(&self, max_blocks: usize, dense_only: bool, reach: Reach) -> Result<usize> {
         let _elevator = self.lock_destage_behind_reclaims();
-        let (batch, until, swept) = {
+        let (batch, until, swept, pace) = {
             let st = self.lock();
             st.check_poisoned()?;
             let mut swept_blocks = 0;
@@ -154,6 +168,20 @@ impl Volume {
             let (from, until) = (st.head, window_end.min(st.written_tail).min(walk_end));
             let stretch = if dense_only { u64::from(self.layout.segment_blocks) } else { 1 };
             let free = st.head + self.layout.log_blocks - st.tail;
+            // Gentle while the writers have more than half the horizon to write before they
+            // meet what the pre-cleaner has not judged yet (the free room, then the windows
+            // it cleaned or left to copy-forward). (Only the pre-cleaner below the
+            // watermark, `dense_only`, is ever gentle: above it, `destage_oldest` makes room
+            // writers are throttled for.)
+            let ahead = free + st.precleaned_until.saturating_sub(st.head);
+            let pace = if dense_only
+                && (reach == Reach::Idle || 2 * ahead >= self.preclean_horizon(&st))
+                && !self.reclaim_waits_for_destage()
+            {
+                Pace::Gentle
+            } else {
+                Pace::Full
+            };
             let since = self.clock.now_ns().saturating_sub(WRITE_STREAM_ACTIVE_MS * 1_000_000);
             let sweepers = if dense_only {
                 st.write_streams.sweepers(since, u64::from(self.layout.segment_blocks))
@@ -236,9 +264,9 @@ impl Volume {
                 writers = sweepers.len(),
                 "pre-clean round"
             );
-            (batch, swept_from.unwrap_or(pos), swept_blocks)
+            (batch, swept_from.unwrap_or(pos), swept_blocks, pace)
         };
-        let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch)? };
+        let written = if batch.is_empty() { 0 } else { self.destage_blocks(batch, pace)? };
         let mut st = self.lock();
         st.counters.preclean_swept_blocks += swept;
         match reach {
@@ -331,22 +359,29 @@ impl Volume {
     /// taken, in RAM and in the MarkClean entry. The backing flush can take seconds, long
     /// enough for the log to lap and a newer version of the same block to land in the same
     /// slot; a position never repeats, so that newer version stays dirty.
-    pub(super) fn destage_blocks(&self, mut blocks: Vec<Picked>) -> Result<usize> {
+    pub(super) fn destage_blocks(&self, mut blocks: Vec<Picked>, pace: Pace) -> Result<usize> {
         let bs = self.bs;
         let started = std::time::Instant::now();
         let started_ns = self.clock.now_ns();
         blocks.sort_unstable_by_key(|p| p.block);
         let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
         let slots: Vec<u32> = blocks.iter().map(|p| p.entry.slot).collect();
-        let read = self.read_slots(&slots, &mut data[..blocks.len() * bs]);
+        let read = self.read_slots_paced(&slots, &mut data[..blocks.len() * bs], pace);
         self.cache_io("reading dirty blocks from the cache device", read)?;
         let keep = self.verify_batch(&blocks, &data);
         if !keep.iter().any(|&k| k) {
             return Ok(0);
         }
-        let (written, fixed_ns) = self.write_back_kept(&blocks, &data, &keep, started)?;
+        let (written, fixed_ns) = self.write_back_kept(&blocks, &data, &keep, started, pace)?;
         let ns = self.clock.now_ns().saturating_sub(started_ns);
-        self.lock().costs.note_write_back_batch(fixed_ns, ns.saturating_sub(fixed_ns), written as u64);
+        let mut st = self.lock();
+        if pace == Pace::Full {
+            // (A gentle batch takes longer than reclaim's own write-back would: timed, it
+            // would make reclaim copy forward what writing back costs less.)
+            st.costs.note_write_back_batch(fixed_ns, ns.saturating_sub(fixed_ns), written as u64);
+        } else {
+            st.counters.gentle_write_back_batches += 1;
+        }
         Ok(written)
     }
 
@@ -359,6 +394,7 @@ impl Volume {
         data: &[u8],
         keep: &[bool],
         started: std::time::Instant,
+        pace: Pace,
     ) -> Result<(usize, u64)> {
         let t0 = self.clock.now_ns();
         // The versions about to reach the backing device must be durable in the cache's log
@@ -367,7 +403,7 @@ impl Volume {
         self.cache_io("flushing the cache device before write-back", self.cache.flush())?;
         let fingerprints = self.begin_fingerprint_update(blocks, data, keep)?;
         let t1 = self.clock.now_ns();
-        let written = self.write_runs(blocks, data, keep)?;
+        let written = self.write_runs(blocks, data, keep, pace)?;
         let t2 = self.clock.now_ns();
         if !sabotaged!(self, DestageSkipsBackingFlush) {
             self.backing.flush().map_err(EngineError::backing)?;
@@ -471,8 +507,9 @@ impl Volume {
     }
 
     /// Writes the kept blocks to the backing device, one write per run of consecutive block
-    /// numbers (the batch is sorted by block). Returns how many blocks were written.
-    fn write_runs(&self, blocks: &[Picked], data: &[u8], keep: &[bool]) -> Result<usize> {
+    /// numbers (the batch is sorted by block), at most `GENTLE_WRITES_IN_FLIGHT` of them in
+    /// flight at `Pace::Gentle`. Returns how many blocks were written.
+    fn write_runs(&self, blocks: &[Picked], data: &[u8], keep: &[bool], pace: Pace) -> Result<usize> {
         let bs = self.bs;
         let mut i = 0;
         let mut written = 0;
@@ -494,8 +531,14 @@ impl Volume {
             runs.push((blocks[start].block * bs as u64, &data[start * bs..i * bs]));
             written += i - start;
         }
-        for result in self.backing.write_batch(&runs) {
-            result.map_err(EngineError::backing)?;
+        let in_flight = match pace {
+            Pace::Full => runs.len().max(1),
+            Pace::Gentle => GENTLE_WRITES_IN_FLIGHT,
+        };
+        for group in runs.chunks(in_flight) {
+            for result in self.backing.write_batch(group) {
+                result.map_err(EngineError::backing)?;
+            }
         }
         Ok(written)
     }
@@ -609,7 +652,7 @@ impl Volume {
                 let started = std::time::Instant::now();
                 let n = {
                     let _destage = self.lock_destage_behind_reclaims();
-                    self.destage_blocks(batch.to_vec())?
+                    self.destage_blocks(batch.to_vec(), Pace::Full)?
                 };
                 progressed |= n > 0;
                 done = (done + n as u64).min(total);
