@@ -388,13 +388,14 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         (
             "dirty at the head",
             format!(
-                "{} reclaims copied dense dirty windows forward ({} judged over the lap), {} wrote them back (longest wait for a batch under way: {:.1} ms; batches of {} blocks now, {} in the background, {} of those run gently, yielding the devices to writers); per block: write-back {}, copy {}",
+                "{} reclaims copied dense dirty windows forward ({} judged over the lap), {} wrote them back (longest wait for a batch under way: {:.1} ms; batches of {} blocks now, {} in the background, {} when gentle; {} batches ran gently, yielding the devices to writers); per block: write-back {}, copy {}",
                 s.counters.dense_copy_forwards,
                 s.counters.dense_copy_throughs,
                 s.counters.reclaim_write_backs,
                 s.counters.reclaim_destage_wait_max_us as f64 / 1000.0,
                 s.write_back_batch_blocks,
                 s.background_batch_blocks,
+                s.gentle_batch_blocks,
                 s.counters.gentle_write_back_batches,
                 s.reclaim_write_back_us_per_block.map_or("not yet measured".into(), |us| format!("{us:.1} µs")),
                 s.reclaim_copy_us_per_block.map_or("not yet measured".into(), |us| format!("{us:.1} µs")),

@@ -117,6 +117,10 @@ pub struct Status {
     /// 4,096.
     #[serde(default)]
     pub background_batch_blocks: u64,
+    /// Blocks a background batch at the gentle pace takes now (`Pace::Gentle`): sized by the
+    /// gentle batches' own timing, as the full-pace one until one was timed.
+    #[serde(default)]
+    pub gentle_batch_blocks: u64,
     pub log_head: u64,
     pub log_tail: u64,
     pub log_used_permille: u64,

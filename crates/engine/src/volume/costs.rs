@@ -23,12 +23,47 @@ pub(crate) struct ReclaimCosts {
     /// A reclaim record with copies (cache read of the copies, the record write, the cache
     /// flush) per block it wrote.
     copy_ns_per_block: Option<u64>,
-    /// What sizes a write-back batch (`write_back_batch_blocks`): a batch's fixed cost (its
-    /// cache and backing flushes and the fingerprint update), and the rest as smoothed totals
-    /// (ns, blocks), so that a batch weighs by its blocks: one tiny batch (a lone block's
-    /// write-back) neither passes its flush off as a cost per block nor outweighs a large one.
-    batch_fixed_ns: Option<u64>,
-    batch_io: Option<(u64, u64)>,
+    /// What sizes a write-back batch at full pace (`write_back_batch_blocks`).
+    batch: BatchTiming,
+    /// What sizes one at the gentle pace (`gentle_batch_blocks`): the same batch takes longer
+    /// when it yields the devices (`Pace::Gentle`), and the destage lock it holds meanwhile is
+    /// one a writer's reclaim may come to wait for.
+    gentle_batch: BatchTiming,
+}
+
+/// A write-back batch's timing at one pace: its fixed cost (its cache and backing flushes and
+/// the fingerprint update), and the rest as smoothed totals (ns, blocks), so that a batch
+/// weighs by its blocks: one tiny batch (a lone block's write-back) neither passes its flush
+/// off as a cost per block nor outweighs a large one.
+#[derive(Default, Debug, Clone, Copy)]
+struct BatchTiming {
+    fixed_ns: Option<u64>,
+    io: Option<(u64, u64)>,
+}
+
+impl BatchTiming {
+    fn note(&mut self, fixed_ns: u64, io_ns: u64, blocks: u64) {
+        let smooth = |old: u64, new: u64| old.saturating_mul(3).saturating_add(new) / 4;
+        self.fixed_ns = Some(self.fixed_ns.map_or(fixed_ns, |o| smooth(o, fixed_ns)));
+        // (Blocks in 1/1024ths, so that smoothing a small count keeps its weight.)
+        let scaled = blocks.saturating_mul(1024);
+        self.io = Some(match self.io {
+            None => (io_ns, scaled),
+            Some((ns, b)) => (smooth(ns, io_ns), smooth(b, scaled).max(1)),
+        });
+    }
+
+    /// `ReclaimCosts::write_back_batch_blocks` at this pace; `None` until a batch was timed.
+    fn blocks(&self, (min, max): (usize, usize)) -> Option<usize> {
+        use crate::constants::DESTAGE_BATCH_MS;
+        let (Some(fixed), Some((io_ns, scaled_blocks))) = (self.fixed_ns, self.io) else {
+            return None;
+        };
+        let budget = (DESTAGE_BATCH_MS * 1_000_000).saturating_sub(fixed).max(fixed);
+        // budget / (io_ns / blocks), blocks in 1/1024ths.
+        let fit = u128::from(budget) * u128::from(scaled_blocks) / 1024 / u128::from(io_ns.max(1));
+        Some((fit.min(max as u128) as usize).max(min))
+    }
 }
 
 /// A copy-forward must look this many times cheaper than the write-back it replaces: the
@@ -114,14 +149,16 @@ impl ReclaimCosts {
             return;
         }
         self.note_write_back(fixed_ns.saturating_add(io_ns), blocks);
-        let smooth = |old: u64, new: u64| old.saturating_mul(3).saturating_add(new) / 4;
-        self.batch_fixed_ns = Some(self.batch_fixed_ns.map_or(fixed_ns, |o| smooth(o, fixed_ns)));
-        // (Blocks in 1/1024ths, so that smoothing a small count keeps its weight.)
-        let scaled = blocks.saturating_mul(1024);
-        self.batch_io = Some(match self.batch_io {
-            None => (io_ns, scaled),
-            Some((ns, b)) => (smooth(ns, io_ns), smooth(b, scaled).max(1)),
-        });
+        self.batch.note(fixed_ns, io_ns, blocks);
+    }
+
+    /// A write-back batch at the gentle pace, timed as `note_write_back_batch`'s: it sizes
+    /// gentle batches only (it took longer than reclaim's own write-back would, so it says
+    /// nothing of what writing back costs a writer).
+    pub(crate) fn note_gentle_batch(&mut self, fixed_ns: u64, io_ns: u64, blocks: u64) {
+        if blocks > 0 {
+            self.gentle_batch.note(fixed_ns, io_ns, blocks);
+        }
     }
 
     pub(crate) fn note_copy(&mut self, ns: u64, blocks: u64) {
@@ -192,15 +229,18 @@ impl ReclaimCosts {
     /// at most half of a batch's time: a writer waits for a flush anyway). Within `min..=max`
     /// (`DESTAGE_BATCH_MIN_BLOCKS..=DESTAGE_BATCH_BLOCKS`); `DESTAGE_BATCH_UNTIMED_BLOCKS` until
     /// a batch was timed.
-    pub(crate) fn write_back_batch_blocks(&self, (min, max): (usize, usize)) -> usize {
-        use crate::constants::{DESTAGE_BATCH_MS, DESTAGE_BATCH_UNTIMED_BLOCKS};
-        let (Some(fixed), Some((io_ns, scaled_blocks))) = (self.batch_fixed_ns, self.batch_io) else {
-            return DESTAGE_BATCH_UNTIMED_BLOCKS.clamp(min, max);
-        };
-        let budget = (DESTAGE_BATCH_MS * 1_000_000).saturating_sub(fixed).max(fixed);
-        // budget / (io_ns / blocks), blocks in 1/1024ths.
-        let fit = u128::from(budget) * u128::from(scaled_blocks) / 1024 / u128::from(io_ns.max(1));
-        (fit.min(max as u128) as usize).max(min)
+    pub(crate) fn write_back_batch_blocks(&self, bounds: (usize, usize)) -> usize {
+        use crate::constants::DESTAGE_BATCH_UNTIMED_BLOCKS;
+        self.batch.blocks(bounds).unwrap_or(DESTAGE_BATCH_UNTIMED_BLOCKS.clamp(bounds.0, bounds.1))
+    }
+
+    /// How many blocks a gentle batch takes: sized the same way by the gentle batches' own
+    /// timing; until one was timed, an eighth of a batch at full pace (whose writes, up to 32
+    /// in flight, go 4 at a time: up to 8 times as long. Sized as a full one, the first gentle
+    /// batch held the destage lock 7.6 times as long, and writers overtook the pre-cleaner:
+    /// the review's `the_gentle_pace_over_two_lanes_of_virtual_time`).
+    pub(crate) fn gentle_batch_blocks(&self, bounds: (usize, usize)) -> usize {
+        self.gentle_batch.blocks(bounds).unwrap_or_else(|| (self.write_back_batch_blocks(bounds) / 8).max(bounds.0))
     }
 
     /// (write-back, copy) in ns per block, for `status`.
@@ -336,6 +376,29 @@ mod tests {
         assert_eq!(ReclaimCosts::default().write_back_batch_blocks((4, 16)), 16);
         assert_eq!(c.write_back_batch_blocks((4, 16)), 16);
         assert_eq!(slow.write_back_batch_blocks((4, 16)), 4);
+    }
+
+    #[test]
+    fn gentle_batches_are_sized_by_their_own_timing_and_never_time_reclaim() {
+        const BOUNDS: (usize, usize) = (64, 4096);
+        let mut c = ReclaimCosts::default();
+        // Nothing timed: an eighth of the untimed full batch (1,024).
+        assert_eq!(c.gentle_batch_blocks(BOUNDS), 128);
+        // A full batch timed at 24 us a block (1,000 blocks): a gentle one an eighth of it.
+        c.note_write_back_batch(1_000_000, 24_000 * 4096, 4096);
+        assert_eq!(c.gentle_batch_blocks(BOUNDS), 125);
+        let reclaim_cost = c.get().0;
+        // A gentle batch at 96 us a block (4 writes in flight instead of 32): 250 blocks take
+        // the 24 ms left; the full batch and reclaim's cost per block stay as they were.
+        c.note_gentle_batch(1_000_000, 96_000 * 512, 512);
+        assert_eq!(c.gentle_batch_blocks(BOUNDS), 250);
+        assert_eq!(c.write_back_batch_blocks(BOUNDS), 1000);
+        assert_eq!(c.get().0, reclaim_cost);
+        // Never below the floor.
+        let mut slow = ReclaimCosts::default();
+        slow.note_gentle_batch(1_000_000, 5_000_000 * 64, 64);
+        assert_eq!(slow.gentle_batch_blocks(BOUNDS), 64);
+        assert_eq!(slow.get().0, None, "a gentle batch timed reclaim's write-back");
     }
 
     #[test]

@@ -67,6 +67,8 @@ impl Volume {
                 .costs
                 .write_back_batch_blocks(self.batch_bounds(DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS))
                 as u64,
+            gentle_batch_blocks: st.costs.gentle_batch_blocks(self.batch_bounds(DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS))
+                as u64,
             log_head: st.head,
             log_tail: st.tail,
             log_used_permille: (st.tail - st.head) * 1000 / self.layout.log_blocks,

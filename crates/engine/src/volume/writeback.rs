@@ -182,6 +182,14 @@ impl Volume {
             } else {
                 Pace::Full
             };
+            // (A gentle batch is sized by the gentle batches' timing: sized for full pace and
+            // run gently, it held the destage lock several times as long.)
+            let max_blocks = match pace {
+                Pace::Full => max_blocks,
+                Pace::Gentle => {
+                    max_blocks.min(st.costs.gentle_batch_blocks(self.batch_bounds(DESTAGE_BACKGROUND_BATCH_MIN_BLOCKS)))
+                }
+            };
             let since = self.clock.now_ns().saturating_sub(WRITE_STREAM_ACTIVE_MS * 1_000_000);
             let sweepers = if dense_only {
                 st.write_streams.sweepers(since, u64::from(self.layout.segment_blocks))
@@ -376,10 +384,12 @@ impl Volume {
         let ns = self.clock.now_ns().saturating_sub(started_ns);
         let mut st = self.lock();
         if pace == Pace::Full {
-            // (A gentle batch takes longer than reclaim's own write-back would: timed, it
-            // would make reclaim copy forward what writing back costs less.)
             st.costs.note_write_back_batch(fixed_ns, ns.saturating_sub(fixed_ns), written as u64);
         } else {
+            // (Timed apart: a gentle batch takes longer than reclaim's own write-back would,
+            // and timed with those it would make reclaim copy forward what writing back costs
+            // less; it sizes the next gentle batches.)
+            st.costs.note_gentle_batch(fixed_ns, ns.saturating_sub(fixed_ns), written as u64);
             st.counters.gentle_write_back_batches += 1;
         }
         Ok(written)
@@ -531,14 +541,16 @@ impl Volume {
             runs.push((blocks[start].block * bs as u64, &data[start * bs..i * bs]));
             written += i - start;
         }
-        let in_flight = match pace {
-            Pace::Full => runs.len().max(1),
-            Pace::Gentle => GENTLE_WRITES_IN_FLIGHT,
-        };
-        for group in runs.chunks(in_flight) {
-            for result in self.backing.write_batch(group) {
+        let mut rest = &runs[..];
+        while !rest.is_empty() {
+            // (A writer's reclaim that comes to wait for this batch meanwhile gets the rest of
+            // it at full pace: it waits for the batch either way.)
+            let gentle = pace == Pace::Gentle && !self.reclaim_waits_for_destage();
+            let n = if gentle { GENTLE_WRITES_IN_FLIGHT.min(rest.len()) } else { rest.len() };
+            for result in self.backing.write_batch(&rest[..n]) {
                 result.map_err(EngineError::backing)?;
             }
+            rest = &rest[n..];
         }
         Ok(written)
     }
