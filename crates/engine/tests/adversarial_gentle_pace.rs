@@ -126,8 +126,10 @@ fn rec_volume(backing_blocks: u64, options: VolumeOptions) -> (Arc<Rec>, Arc<Sim
     (rec, backing, v)
 }
 
+/// (Gentle by the horizon, `gentle_pace_by_horizon`: these rigs write their whole log within
+/// milliseconds, a pace the shipped rule keeps at full speed.)
 fn plain_options() -> VolumeOptions {
-    VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() }
+    VolumeOptions { sequential_bypass_bytes: 0, gentle_pace_by_horizon: true, ..VolumeOptions::default() }
 }
 
 /// Reads 16-block requests (admitted clean) from `*next` on, cycling over `from..to`, until

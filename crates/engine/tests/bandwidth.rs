@@ -179,8 +179,13 @@ fn the_pre_cleaner_writes_back_the_head_before_the_writer_needs_it() {
 /// own there), written 32 to a record, then clean blocks until `free` blocks are left at the
 /// tail; returns the volume after one background round, with the devices' I/O counts over
 /// that round.
-fn one_preclean_round(free: u64) -> (Volume, Round) {
-    let (cache, backing, volume) = volume();
+fn one_preclean_round(free: u64, options: VolumeOptions) -> (Volume, Round) {
+    one_preclean_round_after(free, options, std::time::Duration::ZERO)
+}
+
+/// `one_preclean_round`, the round run `idle` after the log was filled.
+fn one_preclean_round_after(free: u64, options: VolumeOptions, idle: std::time::Duration) -> (Volume, Round) {
+    let (cache, backing, volume) = volume_with(options);
     for r in 0..6u64 {
         for b in (r * 64..r * 64 + 64).step_by(2) {
             volume.write(b * BS as u64, &stamp(b, 1)).unwrap();
@@ -189,6 +194,7 @@ fn one_preclean_round(free: u64) -> (Volume, Round) {
     }
     admit_until(&volume, 1024, LOG_BLOCKS - free);
     assert_eq!(volume.status().log_head, 0, "nothing reclaimed yet");
+    std::thread::sleep(idle);
     let (c0, b0) = (cache.stats(), backing.stats());
     volume.background_tick().unwrap();
     let (c1, b1) = (cache.stats(), backing.stats());
@@ -215,7 +221,9 @@ fn the_pre_cleaner_ahead_of_the_writers_writes_back_gently() {
     // The horizon is a quarter of the log here (256 blocks: everything was written within
     // the last second). 160 blocks free (less a read's admissions): more than half of it
     // ahead of the writers.
-    let (volume, r) = one_preclean_round(160);
+    let by_horizon =
+        VolumeOptions { sequential_bypass_bytes: 0, gentle_pace_by_horizon: true, ..VolumeOptions::default() };
+    let (volume, r) = one_preclean_round(160, by_horizon);
     let s = volume.status();
     let written = 192 - s.dirty_blocks;
     assert!(written >= 96 && r.flushes > 0, "the round wrote back {written} blocks");
@@ -227,7 +235,7 @@ fn the_pre_cleaner_ahead_of_the_writers_writes_back_gently() {
     assert!(r.write_batches >= written.div_ceil(4), "{} write batches for {written} scattered blocks", r.write_batches);
 
     // 80 blocks free: the writers are within half the horizon, the batch runs at full pace.
-    let (volume, r) = one_preclean_round(80);
+    let (volume, r) = one_preclean_round(80, by_horizon);
     let s = volume.status();
     let written = 192 - s.dirty_blocks;
     assert!(written >= 96 && r.flushes > 0, "the round wrote back {written} blocks");
@@ -235,6 +243,23 @@ fn the_pre_cleaner_ahead_of_the_writers_writes_back_gently() {
     assert_eq!(r.writes, written);
     assert!(r.cache_reads <= r.flushes, "{} cache reads in {} batches: one per batch", r.cache_reads, r.flushes);
     assert_eq!(r.write_batches, r.flushes, "every write of a batch in flight together");
+
+    // The shipped rule measures the writers' pace over the last second: these writers wrote
+    // the whole log within milliseconds, so with 160 blocks free the writers are within half
+    // a second of what the pre-cleaner has not judged, and it runs at full pace.
+    let shipped = VolumeOptions { sequential_bypass_bytes: 0, ..VolumeOptions::default() };
+    let (volume, r) = one_preclean_round(160, shipped);
+    assert!(r.flushes > 0, "the round wrote nothing back");
+    assert_eq!(volume.status().counters.gentle_write_back_batches, 0, "gentle ahead of a fast writer");
+    assert_eq!(r.write_batches, r.flushes);
+    // A second later the writers have written nothing lately: the horizon is its floor (4
+    // segments, 64 blocks), 60 free blocks are short of it, and more than half of it lies
+    // ahead of the writers: gentle.
+    let (volume, r) = one_preclean_round_after(60, shipped, std::time::Duration::from_millis(1100));
+    let written = 192 - volume.status().dirty_blocks;
+    assert!(written > 0 && r.flushes > 0, "the round wrote nothing back");
+    assert!(volume.status().counters.gentle_write_back_batches > 0, "full pace with the writers idle");
+    assert!(r.write_batches >= written.div_ceil(4), "{} write batches for {written} scattered blocks", r.write_batches);
 }
 
 #[test]

@@ -160,6 +160,13 @@ pub struct VolumeOptions {
     /// virtual time, so the shipped age never comes there.
     #[cfg(feature = "testing")]
     pub preclean_idle_age_ms: Option<u64>,
+    /// Test machinery: the pre-cleaner turns gentle while the writers have half its horizon
+    /// (at most a quarter of the log) to write, not half of what they wrote in the last
+    /// second (the `testing` feature). Tests write a whole small log within milliseconds, a
+    /// pace the shipped rule keeps at full speed; this lets them look at the gentle pace's
+    /// mechanics on such a log.
+    #[cfg(feature = "testing")]
+    pub gentle_pace_by_horizon: bool,
 }
 
 impl Default for VolumeOptions {
@@ -179,6 +186,8 @@ impl Default for VolumeOptions {
             write_back_batch_bounds: None,
             #[cfg(feature = "testing")]
             preclean_idle_age_ms: None,
+            #[cfg(feature = "testing")]
+            gentle_pace_by_horizon: false,
         }
     }
 }
