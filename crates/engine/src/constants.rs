@@ -159,14 +159,16 @@ pub const VERIFY_CHUNK_BLOCKS: usize = 64;
 /// more transfer costs less than another I/O's latency on every device profile.
 pub const MAX_READ_THROUGH_SLOTS: usize = 8;
 
-/// A gentle write-back (`Pace::Gentle`: the pre-cleaner ahead of its horizon's middle) reads
+/// A gentle write-back (`Pace::Gentle`: the pre-cleaner, while the writers are more than half
+/// a second from what it has not judged) reads
 /// the log in scatter I/Os of at most this many slots (128 KiB) and keeps at most
 /// `GENTLE_WRITES_IN_FLIGHT` backing writes in flight, so that a log write or a cache flush
 /// arriving meanwhile queues behind little on a device the two share. A whole 4 MiB batch
 /// read in one I/O and 32 writes in flight held every FLUSH behind them: fio's nbd engine, 16
 /// jobs of 4 KiB random write + FLUSH over 4 GiB through a 1 GiB cache on one disk, the
-/// engine's FLUSH p99 was 3.3-4.5 ms; with reads of 32 slots and 4 writes in flight, 2.6-2.8
-/// (with 8 slots and 1 write 2.4, with 64 slots 2.9: the pre-cleaner then kept up as before).
+/// engine's FLUSH p99 was 4.2-4.5 ms; with reads of 32 slots and 4 writes in flight 2.6, with 1
+/// write 2.7-2.8 (with 8 slots and 1 write 2.4, with 64 slots 2.9; reads whole and 4 writes
+/// 3.6-3.8), the pre-cleaner keeping up as before.
 pub const GENTLE_READ_BLOCKS: usize = 32;
 /// See `GENTLE_READ_BLOCKS`.
 pub const GENTLE_WRITES_IN_FLIGHT: usize = 4;

@@ -118,7 +118,7 @@ pub struct Status {
     #[serde(default)]
     pub background_batch_blocks: u64,
     /// Blocks a background batch at the gentle pace takes now (`Pace::Gentle`): sized by the
-    /// gentle batches' own timing, as the full-pace one until one was timed.
+    /// gentle batches' own timing; an eighth of the full-pace one until one was timed.
     #[serde(default)]
     pub gentle_batch_blocks: u64,
     pub log_head: u64,

@@ -48,11 +48,13 @@ pub(crate) enum Pace {
     /// Something waits for the batch, or soon will: the log read in stretches as long as the
     /// batch allows, every backing write in flight together.
     Full,
-    /// Nothing does (the pre-cleaner with more than half its horizon judged ahead of the
-    /// writers, or its idle reach): the log read `GENTLE_READ_BLOCKS` slots at a time and at most
-    /// `GENTLE_WRITES_IN_FLIGHT` backing writes in flight, so that a writer's log write and
-    /// cache flush queue behind little (constants.rs has the figures). If the gentle pace
-    /// falls behind, the writers come within half the horizon and the next batch runs `Full`.
+    /// Nothing does (the pre-cleaner while the writers, at their pace of the last second, are
+    /// more than half a second from what it has not judged; or its idle reach): the log read
+    /// `GENTLE_READ_BLOCKS` slots at a time and at most `GENTLE_WRITES_IN_FLIGHT` backing
+    /// writes in flight, so that a writer's log write and cache flush queue behind little
+    /// (constants.rs has the figures). If the gentle pace falls behind, the writers come
+    /// closer and the next batch runs `Full`; so does the rest of a batch once a writer's
+    /// reclaim waits for it.
     Gentle,
 }
 
@@ -174,7 +176,7 @@ impl Volume {
             // horizon, which is capped at a quarter of the log: a writer filling a small cache
             // at 550 MiB/s crossed half of it in 30 ms, gentle batches could not keep ahead,
             // and `bench seq --emulated nvme:sata-raid5`'s writes meeting dirty data at the
-            // head fell from 0.41-0.52 of the empty-cache rate to 0.32-0.36.) (Only the
+            // head fell from 0.38-0.62 of the empty-cache rate to 0.29-0.44.) (Only the
             // pre-cleaner below the watermark, `dense_only`, is ever gentle: above it,
             // `destage_oldest` makes room writers are throttled for.)
             let ahead = free + st.precleaned_until.saturating_sub(st.head);
