@@ -155,7 +155,7 @@ impl Volume {
             // then for its own (MariaDB over an emulated HDD, 80 % high watermark: 49 reclaims
             // over 200 ms in 150 s). Above the watermark, likewise, the oldest dirty blocks are
             // the head's, not those after the last round's end.
-            let rejudged_until = st.head + PRECLEAN_SEGMENTS * u64::from(self.layout.segment_blocks);
+            let rejudged_until = st.head + self.preclean_floor();
             let resume = match reach {
                 Reach::Horizon => st.precleaned_until,
                 Reach::Idle => st.idle_precleaned_until.max(st.precleaned_until),
