@@ -137,7 +137,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 32] = [
+        let counters: [(&str, &str, u64); 33] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -178,6 +178,11 @@ impl Collector for VolumeCollector {
                 c.written_around_at_dirty_head,
             ),
             ("concurrent_write_arounds", "Write-arounds begun while another was under way", c.concurrent_write_arounds),
+            (
+                "written_around_beside_write_back",
+                "Write-arounds begun beside a write-back batch instead of waiting for it (blocks with no copy in the cache and not in the batch)",
+                c.written_around_beside_write_back,
+            ),
             ("records_written", "Log records written to the cache device", c.records_written),
             (
                 "overlapped_record_writes",

@@ -211,6 +211,8 @@ pub struct SimReport {
     pub concurrent_write_arounds: u64,
     /// Write-arounds below the high watermark because the log's head was densely dirty.
     pub written_around_at_dirty_head: u64,
+    /// Write-arounds begun beside a write-back batch, not waiting for it.
+    pub written_around_beside_write_back: u64,
     pub checkpoints: u64,
     pub log_laps: u64,
     pub violations: Vec<Violation>,
@@ -1132,6 +1134,7 @@ fn run_in(sched: &Sched, config: SimConfig, clock: SimClock, report: &mut SimRep
         report.written_around_blocks += st.counters.written_around_blocks;
         report.concurrent_write_arounds += st.counters.concurrent_write_arounds;
         report.written_around_at_dirty_head += st.counters.written_around_at_dirty_head;
+        report.written_around_beside_write_back += st.counters.written_around_beside_write_back;
         report.checkpoints += st.counters.checkpoints;
         report.log_laps = st.log_tail / layout.log_blocks;
         if clean && rng.gen_bool(0.15) {
@@ -1814,6 +1817,20 @@ mod tests {
     fn writes_around_a_dirty_head_pass() {
         let around: u64 = passing([61, 81]).map(|(_, r)| r.written_around_at_dirty_head).sum();
         assert!(around > 0, "no write went around a dirty head in seeds 61 and 81: the test proves nothing");
+    }
+
+    /// Write-arounds begun beside a write-back batch (the destager's, the background's or a
+    /// reclaim's) instead of waiting for it (`try_write_around`, `Around::batch`), while
+    /// readers, writers, TRIMs and crashes go on: every read is checked exactly. Over seeds
+    /// 0..30 it happened in 1 (16 write-arounds), 10 (9), 13 (2), 14 (5), 18 (10), 26 (1) and
+    /// 28 (2).
+    #[test]
+    fn writes_around_beside_a_write_back_batch_pass() {
+        let beside: u64 = passing([1, 18]).map(|(_, r)| r.written_around_beside_write_back).sum();
+        assert!(
+            beside > 0,
+            "no write went around beside a write-back batch in seeds 1 and 18: the test proves nothing"
+        );
     }
 
     #[test]

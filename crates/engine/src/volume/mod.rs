@@ -410,6 +410,10 @@ pub struct Counters {
     /// refused afterwards by a block's state is counted too).
     #[serde(default)]
     pub written_around_at_dirty_head: u64,
+    /// Write-arounds begun beside a write-back batch, without waiting for it (blocks with no
+    /// copy in the cache and not in the batch: `write_around.rs`).
+    #[serde(default)]
+    pub written_around_beside_write_back: u64,
 }
 
 struct State {
@@ -933,7 +937,8 @@ impl Volume {
     }
 
     /// The destager's lock (its content is the elevator), with no write-around under
-    /// way (none can begin while it is held).
+    /// way (none can begin while it is held, but beside a write-back batch that publishes
+    /// its blocks: `Around::batch`).
     fn lock_destage(&self) -> lock_order::Ranked<MutexGuard<'_, Elevator>> {
         let destage = self.lock_destage_to_begin();
         self.wait_for_write_arounds();
@@ -1019,6 +1024,16 @@ impl Volume {
     /// The destage lock as a write-around takes it to begin.
     fn lock_destage_to_begin(&self) -> lock_order::Ranked<MutexGuard<'_, Elevator>> {
         lock_order::ranked(self.lock_owner(), lock_order::Rank::Destage, || self.destage.lock().expect("destage lock"))
+    }
+
+    /// The destage lock if it is free (a write-around asks whether it may begin beside the
+    /// holder otherwise: `Around::batch`).
+    fn try_lock_destage_to_begin(&self) -> Option<lock_order::Ranked<MutexGuard<'_, Elevator>>> {
+        lock_order::try_ranked(self.lock_owner(), lock_order::Rank::Destage, || match self.destage.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+            Err(std::sync::TryLockError::Poisoned(_)) => panic!("destage lock poisoned"),
+        })
     }
 
     /// Waits until no write-around is under way (the around or the destage lock held, so

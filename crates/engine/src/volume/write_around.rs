@@ -22,7 +22,11 @@
 //!   device durably holds it).
 //! - Write-arounds run concurrently, but none is under way while the destage lock is held
 //!   by anyone else (`lock_destage` waits for them), so no write-back batch can write an
-//!   older version of a block over it, and no reader can declare it lost meanwhile.
+//!   older version of a block over it, and no reader can declare it lost meanwhile. The one
+//!   exception: beside a write-back batch, which publishes its blocks (`Around::batch`), a
+//!   write-around of blocks with no copy in the cache and none of the batch's may begin
+//!   without the destage lock (the batch cannot write those; the next holder of the lock
+//!   waits for it as for any other).
 //! - A failed settle (backing flush) poisons the volume: the written-around data has no other
 //!   copy, and a retried flush could report durable what the failed one dropped.
 //!
@@ -96,6 +100,10 @@ pub(super) struct Around {
     /// data. (A Trim staged after the settle is safe on its own.) Cleared when staging is
     /// sealed.
     pub(super) trim_with_data: HashSet<u64>,
+    /// The blocks of the write-back batch under way (sorted), published by the batch
+    /// (`destage_blocks`) while it holds the destage lock: a write-around of blocks with no
+    /// copy in the cache and none of these may begin beside it (`begin_write_around`).
+    pub(super) batch: Option<Vec<u64>>,
     /// Clock time of the last write-around.
     last_ns: Option<u64>,
     /// Clock time of the last write-around begun because of dirty data at the head, and the
@@ -148,6 +156,10 @@ enum Begin {
     Begun((u64, Arc<Mutex<()>>)),
     /// Through the cache instead.
     Refused,
+    /// Asked beside the destage lock's holder, which is not a write-back batch that lets
+    /// these blocks go around beside it: ask again with the lock (`eligible`: the blocks have
+    /// no copy in the cache, so they may once the holder publishes its batch).
+    NotBeside { eligible: bool },
     /// Some of the blocks are being written around already: wait for that write-around (its
     /// lock), then ask again.
     Overlaps(Arc<Mutex<()>>),
@@ -185,15 +197,33 @@ impl Volume {
         // Begins under the around and destage locks (taken without waiting for the
         // write-arounds under way: they run concurrently), which it lets go once it holds its
         // own lock: no settle, write-back batch or reader's loss check runs until it ends
-        // (see the header).
+        // (see the header). Or, while a write-back batch holds the destage lock, beside it
+        // if the blocks have no copy in the cache and are not in the batch: a batch takes
+        // tens of milliseconds, and a write-around queued behind it held every writer whose
+        // reclaim settles the write-arounds behind it too (issue 13's dirty-head case).
         let (id, own);
         let under_way;
+        let mut beside = true;
         loop {
             let _around = self.lock_around_to_begin();
-            let _destage = self.lock_destage_to_begin();
-            match self.begin_write_around(blocks.clone(), policy)? {
+            let _destage = if beside { self.try_lock_destage_to_begin() } else { Some(self.lock_destage_to_begin()) };
+            match self.begin_write_around(blocks.clone(), policy, _destage.is_none())? {
                 Begin::Begun(begun) => (id, own) = begun,
                 Begin::Refused => return Ok(false),
+                Begin::NotBeside { eligible } => {
+                    drop((_destage, _around));
+                    if eligible {
+                        // (The holder may be a batch about to publish its blocks, or one
+                        // waiting for the write-arounds under way: a moment, then again.)
+                        tiercache_sched::yield_now();
+                        if !tiercache_sched::in_simulation() {
+                            std::thread::sleep(std::time::Duration::from_micros(50));
+                        }
+                    } else {
+                        beside = false;
+                    }
+                    continue;
+                }
                 Begin::Overlaps(earlier) => {
                     // Overlapping write-arounds run one after the other, in the order they
                     // began (the later one's data wins, as it would on a disk); others go on.
@@ -223,7 +253,14 @@ impl Volume {
     /// never sealed; fills in flight are cancelled; new ones are refused) and registers the
     /// write-around as under way: returns its id and its lock (not yet taken: the caller
     /// takes it before letting the around and destage locks go, so no waiter sees it free).
-    fn begin_write_around(&self, blocks: std::ops::Range<u64>, policy: WriteAroundPolicy) -> Result<Begin> {
+    /// `beside`: asked without the destage lock, which another thread holds (see
+    /// `Around::batch`).
+    fn begin_write_around(
+        &self,
+        blocks: std::ops::Range<u64>,
+        policy: WriteAroundPolicy,
+        beside: bool,
+    ) -> Result<Begin> {
         let mut st = self.lock();
         st.check_poisoned()?;
         let reason = if policy.only_when_destage_bound {
@@ -241,6 +278,19 @@ impl Volume {
         }
         if blocks.clone().any(|b| !self.may_write_around(&st, b)) {
             return Ok(Begin::Refused);
+        }
+        if beside {
+            // Beside a write-back batch only blocks it cannot hold: none with a copy in the
+            // cache (a later batch, which waits for this write-around, may take a copy
+            // written meanwhile), and none of its own (a copy picked and then trimmed would
+            // leave the index while the batch still writes that older version).
+            let eligible = blocks.clone().all(|b| st.index.get(b).is_none() && !st.staging.map.contains_key(&b));
+            let in_batch =
+                st.around.batch.as_ref().map(|batch| blocks.clone().any(|b| batch.binary_search(&b).is_ok()));
+            if in_batch != Some(false) || !eligible {
+                return Ok(Begin::NotBeside { eligible: eligible && in_batch.is_none() });
+            }
+            st.counters.written_around_beside_write_back += 1;
         }
         for block in blocks.clone() {
             st.cancel_fill(block);

@@ -396,6 +396,9 @@ impl Volume {
         let started = std::time::Instant::now();
         let started_ns = self.clock.now_ns();
         blocks.sort_unstable_by_key(|p| p.block);
+        // Write-arounds of other blocks, with no copy in the cache, may begin beside the
+        // batch from here on (`try_write_around`); until it returns.
+        let _published = PublishedBatch::new(self, &blocks);
         let mut data = AlignedBuf::new(blocks.len().max(1) * bs);
         let slots: Vec<u32> = blocks.iter().map(|p| p.entry.slot).collect();
         let read = self.read_slots_paced(&slots, &mut data[..blocks.len() * bs], pace);
@@ -740,6 +743,29 @@ impl Volume {
                 })
             })
             .collect())
+    }
+}
+
+/// A write-back batch's blocks published in `Around::batch` while the batch runs (every
+/// caller of `destage_blocks` holds the destage lock, and one batch runs at a time).
+struct PublishedBatch<'a>(&'a Volume);
+
+impl<'a> PublishedBatch<'a> {
+    fn new(volume: &'a Volume, sorted: &[Picked]) -> Self {
+        let mut st = volume.lock();
+        debug_assert!(st.around.batch.is_none(), "one write-back batch at a time");
+        st.around.batch = Some(sorted.iter().map(|p| p.block).collect());
+        PublishedBatch(volume)
+    }
+}
+
+impl Drop for PublishedBatch<'_> {
+    fn drop(&mut self) {
+        // (Not while a panic unwinds: the state lock may be held, or poisoned, and the volume
+        // is unusable anyway.)
+        if !std::thread::panicking() {
+            self.0.lock().around.batch = None;
+        }
     }
 }
 
