@@ -585,7 +585,12 @@ impl Volume {
                 return Err(EngineError::LostBlock { block });
             }
             // A bad clean copy: forget it and read the backing device (repair by re-admission
-            // happens on a later miss).
+            // happens on a later miss). Its record still holds it, and where the medium is
+            // good (the corruption was in transit) a crash brings it back as clean: like any
+            // clean copy dropped without a record, it keeps the block from being written
+            // around until the head passes it (`tests/write_around_after_a_bad_clean_copy.rs`:
+            // written around, the new data read as the old copy after FLUSH and a power cut).
+            st.around.dropped_without_record(block, position);
             st.index.remove(block);
             st.counters.repaired_blocks += 1;
             tracing::warn!(block, "clean block failed its checksum on the cache device; re-read from backing");

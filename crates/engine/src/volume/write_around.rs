@@ -82,7 +82,7 @@ pub(super) struct Around {
     /// yet staged.
     untrimmed: BTreeSet<u64>,
     /// Blocks whose copy left the index without a record saying so (a clean copy evicted by
-    /// reclaim before its record is durable, or dropped by TRIM; a rotted dirty copy whose
+    /// reclaim before its record is durable, dropped by TRIM, or found bad by a read; a rotted dirty copy whose
     /// version the backing device holds), by the copy's log position: recovery may bring the
     /// copy back until the head passes that position. Such a block is not written around:
     /// the copy, back as clean (or checked against the backing device), would shadow the new
@@ -204,6 +204,7 @@ impl Volume {
         let (id, own);
         let under_way;
         let mut beside = true;
+        let mut pause_us = 50;
         loop {
             let _around = self.lock_around_to_begin();
             let _destage = if beside { self.try_lock_destage_to_begin() } else { Some(self.lock_destage_to_begin()) };
@@ -214,10 +215,13 @@ impl Volume {
                     drop((_destage, _around));
                     if eligible {
                         // (The holder may be a batch about to publish its blocks, or one
-                        // waiting for the write-arounds under way: a moment, then again.)
+                        // waiting for the write-arounds under way: a moment, then again, the
+                        // pause doubling to a millisecond, so that 16 writers polling beside
+                        // a long holder, such as the elevator's scan, do not take a core.)
                         tiercache_sched::yield_now();
                         if !tiercache_sched::in_simulation() {
-                            std::thread::sleep(std::time::Duration::from_micros(50));
+                            std::thread::sleep(std::time::Duration::from_micros(pause_us));
+                            pause_us = (pause_us * 2).min(1000);
                         }
                     } else {
                         beside = false;
