@@ -286,8 +286,9 @@ impl Volume {
         if beside {
             // Beside a write-back batch only blocks it cannot hold: none with a copy in the
             // cache (a later batch, which waits for this write-around, may take a copy
-            // written meanwhile), and none of its own (a copy picked and then trimmed would
-            // leave the index while the batch still writes that older version).
+            // written meanwhile), and none of its own (a copy it picked that has left the
+            // index since, declared lost or repaired, is still being written by the batch;
+            // `may_write_around` refuses those too, and this keeps the rule local).
             let eligible = blocks.clone().all(|b| st.index.get(b).is_none() && !st.staging.map.contains_key(&b));
             let in_batch =
                 st.around.batch.as_ref().map(|batch| blocks.clone().any(|b| batch.binary_search(&b).is_ok()));
