@@ -693,6 +693,15 @@ impl Drop for Counted<'_> {
     }
 }
 
+/// Lets another thread go before asking for a lock again: a scheduling point in the
+/// simulators; on real threads, a sleep of `us` microseconds as well.
+pub(super) fn pause_before_asking_again(us: u64) {
+    tiercache_sched::yield_now();
+    if !tiercache_sched::in_simulation() {
+        std::thread::sleep(std::time::Duration::from_micros(us));
+    }
+}
+
 impl Volume {
     /// A write or flush under way, for as long as the guard lives.
     pub(super) fn foreground(&self) -> Counted<'_> {
@@ -987,12 +996,8 @@ impl Volume {
                 return destage;
             }
             drop(destage);
-            // (A scheduling point in the simulators; on real threads, time for the waiting
-            // reclaim, woken by the unlock, to take the lock.)
-            tiercache_sched::yield_now();
-            if !tiercache_sched::in_simulation() {
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            }
+            // (Time for the waiting reclaim, woken by the unlock, to take the lock.)
+            pause_before_asking_again(50);
         }
     }
 

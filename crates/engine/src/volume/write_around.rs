@@ -218,11 +218,8 @@ impl Volume {
                         // waiting for the write-arounds under way: a moment, then again, the
                         // pause doubling to a millisecond, so that 16 writers polling beside
                         // a long holder, such as the elevator's scan, do not take a core.)
-                        tiercache_sched::yield_now();
-                        if !tiercache_sched::in_simulation() {
-                            std::thread::sleep(std::time::Duration::from_micros(pause_us));
-                            pause_us = (pause_us * 2).min(1000);
-                        }
+                        pause_before_asking_again(pause_us);
+                        pause_us = (pause_us * 2).min(1000);
                     } else {
                         beside = false;
                     }
