@@ -115,6 +115,9 @@ impl ByteIo for Observed {
     fn flush(&self) -> Result<(), Errno> {
         self.time("flush", ByteIo::flush)
     }
+    fn write_ahead(&self) {
+        ByteIo::write_ahead(&*self.volume)
+    }
     fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
         self.time("trim", |v| ByteIo::trim(v, offset, len))
     }
@@ -137,7 +140,7 @@ impl Collector for VolumeCollector {
         let s = volume.status();
         let c = s.counters;
         let bs = u64::from(s.block_size);
-        let counters: [(&str, &str, u64); 33] = [
+        let counters: [(&str, &str, u64); 34] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
             ("flush_requests", "FLUSH requests served", c.flush_requests),
@@ -184,6 +187,11 @@ impl Collector for VolumeCollector {
                 c.written_around_beside_write_back,
             ),
             ("records_written", "Log records written to the cache device", c.records_written),
+            (
+                "records_written_ahead",
+                "Log records written right after a write was acknowledged, ahead of the FLUSH a client committing one write at a time sends next",
+                c.records_written_ahead,
+            ),
             (
                 "overlapped_record_writes",
                 "Log records whose write began while an older record's was in progress (the pipeline)",

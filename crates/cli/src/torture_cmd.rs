@@ -175,6 +175,7 @@ struct ConcurrentSummary {
     concurrent_write_arounds: u64,
     written_around_at_dirty_head: u64,
     written_around_beside_write_back: u64,
+    records_written_ahead: u64,
     checkpoints: u64,
     log_laps: u64,
     violations: Vec<tiercache_sim::Violation>,
@@ -234,6 +235,7 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
         s.concurrent_write_arounds += r.concurrent_write_arounds;
         s.written_around_at_dirty_head += r.written_around_at_dirty_head;
         s.written_around_beside_write_back += r.written_around_beside_write_back;
+        s.records_written_ahead += r.records_written_ahead;
         s.checkpoints += r.checkpoints;
         s.log_laps += r.log_laps;
         if s.violations.len() < 20 {
@@ -248,8 +250,8 @@ fn concurrent(args: &TortureArgs, first: u64) -> Result<()> {
             s.seeds, s.first_seed, s.cycles, s.crashes_during_recovery, s.clean_shutdowns, s.operations, s.scheduling_steps
         );
         println!(
-            "engine: {} records ({} written while their writer staged the rest of its request, {} more sealed and written while its previous one was in flight; {} handed to the record writer, {} of them sealed by readers, {} written by a thread that needed them first), {} blocks written back ({} left by the pre-cleaner to a sequential writer about to supersede them, {} written back beyond its horizon over old data; {} batches at the gentle pace), {} copied forward ({} reclaims copied dense dirty windows ({} judged over the lap), {} wrote them back), {} clean blocks reinserted, {} misses into the probation ring ({} read again there, into the log), {} written around ({} writes at a dirty head below the watermark, {} beside a write-back batch), {} checkpoints, {} log laps, {} reads of several runs in one batch; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
-            s.records_written, s.staged_during_record_writes, s.nested_record_writes, s.handed_off_records, s.handed_off_by_readers, s.handed_off_records_written_by_waiters, s.destaged_blocks, s.preclean_swept_blocks, s.preclean_idle_blocks, s.gentle_write_back_batches, s.copied_forward_blocks, s.dense_copy_forwards, s.dense_copy_throughs, s.reclaim_write_backs, s.reinserted_blocks, s.probation_admitted_blocks, s.promoted_blocks, s.written_around_blocks, s.written_around_at_dirty_head, s.written_around_beside_write_back, s.checkpoints, s.log_laps, s.batched_cache_reads, s.corruptions, s.lost_block_errors
+            "engine: {} records ({} written while their writer staged the rest of its request, {} more sealed and written while its previous one was in flight; {} handed to the record writer, {} of them sealed by readers, {} written by a thread that needed them first, {} written ahead of a FLUSH), {} blocks written back ({} left by the pre-cleaner to a sequential writer about to supersede them, {} written back beyond its horizon over old data; {} batches at the gentle pace), {} copied forward ({} reclaims copied dense dirty windows ({} judged over the lap), {} wrote them back), {} clean blocks reinserted, {} misses into the probation ring ({} read again there, into the log), {} written around ({} writes at a dirty head below the watermark, {} beside a write-back batch), {} checkpoints, {} log laps, {} reads of several runs in one batch; media: {} corruptions, {} lost-block errors (all on corrupted blocks)",
+            s.records_written, s.staged_during_record_writes, s.nested_record_writes, s.handed_off_records, s.handed_off_by_readers, s.handed_off_records_written_by_waiters, s.records_written_ahead, s.destaged_blocks, s.preclean_swept_blocks, s.preclean_idle_blocks, s.gentle_write_back_batches, s.copied_forward_blocks, s.dense_copy_forwards, s.dense_copy_throughs, s.reclaim_write_backs, s.reinserted_blocks, s.probation_admitted_blocks, s.promoted_blocks, s.written_around_blocks, s.written_around_at_dirty_head, s.written_around_beside_write_back, s.checkpoints, s.log_laps, s.batched_cache_reads, s.corruptions, s.lost_block_errors
         );
         println!("{} seeds passed, {} failed", s.seeds - s.failed_seeds.len() as u64, s.failed_seeds.len());
         for v in &s.violations {

@@ -49,6 +49,59 @@ pub trait ByteIo: Send + Sync + 'static {
     /// Writes zeroes over `len` bytes at `offset` (any alignment; they read as zeroes
     /// afterwards, which a trim does not promise). With `fua`, durable on return.
     fn write_zeroes(&self, offset: u64, len: u64, fua: bool) -> Result<(), Errno>;
+    /// Called after a write was acknowledged to a client expected to FLUSH next
+    /// ([`CommitPattern`]): starts making that write durable meanwhile, where that costs
+    /// nothing the FLUSH would not pay anyway (the volume writes its staged record:
+    /// `Volume::write_ahead`). Durability still comes from the FLUSH alone. A failure is
+    /// reported by the requests after it (a failed record write poisons the volume).
+    fn write_ahead(&self) {}
+}
+
+/// A request's kind, as [`CommitPattern`] sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A write without FUA (a write with FUA is a commit of its own: `Other`).
+    Write,
+    Flush,
+    Other,
+}
+
+/// Whether a client commits one write at a time, "write, FLUSH, write, FLUSH" (a database's
+/// commit at queue depth 1), judged from its last requests on one connection: then each of
+/// its writes is followed by `ByteIo::write_ahead` once acknowledged. Two such commits in a
+/// row start it; two writes in a row stop it, so a stream of writes with no FLUSH between
+/// them (a copy, a bulk load) never pays a record per write.
+#[derive(Debug, Default)]
+pub struct CommitPattern {
+    last_was_write: bool,
+    commits_in_a_row: u8,
+}
+
+impl CommitPattern {
+    /// Commits in a row that make the next write go ahead.
+    const COMMITS: u8 = 2;
+
+    /// Notes a request in the order the client sent it; returns whether to write it ahead
+    /// once acknowledged.
+    pub fn note(&mut self, kind: RequestKind) -> bool {
+        let ahead = match kind {
+            RequestKind::Write => {
+                if self.last_was_write {
+                    self.commits_in_a_row = 0;
+                }
+                self.commits_in_a_row >= Self::COMMITS
+            }
+            RequestKind::Flush => {
+                if self.last_was_write {
+                    self.commits_in_a_row = (self.commits_in_a_row + 1).min(Self::COMMITS);
+                }
+                false
+            }
+            RequestKind::Other => false,
+        };
+        self.last_was_write = kind == RequestKind::Write;
+        ahead
+    }
 }
 
 /// A buffer for a READ reply of `len` bytes and where its page-aligned stretch starts
@@ -80,6 +133,33 @@ mod tests {
             assert!(buf[at..].len() >= len, "{len}");
             assert_eq!(buf[at..].as_ptr() as usize % 4096, 0, "{len}");
         }
+    }
+
+    #[test]
+    fn a_client_committing_one_write_at_a_time_has_its_writes_written_ahead() {
+        use super::{CommitPattern, RequestKind::*};
+        let mut p = CommitPattern::default();
+        // Two commits start it: the third write goes ahead, and every one after it.
+        let seen: Vec<bool> = [Write, Flush, Write, Flush, Write, Flush, Write].iter().map(|&k| p.note(k)).collect();
+        assert_eq!(seen, [false, false, false, false, true, false, true]);
+        // Two writes in a row stop it, until two commits again.
+        assert!(!p.note(Write));
+        for (k, ahead) in [(Flush, false), (Write, false), (Flush, false), (Write, true)] {
+            assert_eq!(p.note(k), ahead, "{k:?}");
+        }
+    }
+
+    #[test]
+    fn writes_with_no_flush_between_them_never_go_ahead() {
+        use super::{CommitPattern, RequestKind::*};
+        let mut p = CommitPattern::default();
+        // A bulk load with a FLUSH now and then, reads and FUA writes (Other) in between.
+        let kinds = [Write, Write, Write, Flush, Write, Write, Other, Flush, Write, Other, Flush, Write, Write, Flush];
+        assert!(kinds.iter().all(|&k| !p.note(k)));
+        // A FLUSH after something other than a write is no commit of a write.
+        let mut p = CommitPattern::default();
+        let kinds = [Write, Other, Flush, Write, Other, Flush, Write];
+        assert!(kinds.iter().all(|&k| !p.note(k)));
     }
 
     #[test]

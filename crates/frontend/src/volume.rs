@@ -25,6 +25,10 @@ impl ByteIo for Volume {
     fn flush(&self) -> Result<(), Errno> {
         Ok(Volume::flush(self)?)
     }
+    fn write_ahead(&self) {
+        // (A failed record write poisons the volume: the next request reports it.)
+        let _ = Volume::write_ahead(self);
+    }
     fn trim(&self, offset: u64, len: u64) -> Result<(), Errno> {
         // `Volume::discard` drops clean cached copies of whole blocks: a hint.
         if let Some((start, len)) = whole_blocks_inside(offset, len, Volume::block_size(self)) {

@@ -28,7 +28,7 @@ use std::os::unix::net::UnixListener;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tiercache_frontend::ByteIo;
+use tiercache_frontend::{ByteIo, CommitPattern, RequestKind};
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -383,7 +383,16 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
     // once the client is seen pipelining (`serve_requests`); until then the leader alone
     // reads, runs and replies, as a client waiting for each reply needs nothing more.
     let threads = config.workers_per_connection.max(1);
-    let c = Conn { reader: &reader, writer: &writer, backend, budget, done: &done, pipelining: &pipelining };
+    let commits = Mutex::new(CommitPattern::default());
+    let c = Conn {
+        reader: &reader,
+        writer: &writer,
+        backend,
+        budget,
+        done: &done,
+        pipelining: &pipelining,
+        commits: &commits,
+    };
     std::thread::scope(|scope| -> io::Result<()> {
         // However the leader leaves (its return, a failed spawn's `?`, a panic in the engine),
         // the connection is over for the followers, parked ones included.
@@ -428,6 +437,8 @@ struct Conn<'a> {
     budget: &'a Budget,
     done: &'a AtomicBool,
     pipelining: &'a Pipelining,
+    /// Whether the client commits one write at a time (noted while it does not pipeline).
+    commits: &'a Mutex<CommitPattern>,
 }
 
 impl Conn<'_> {
@@ -485,6 +496,18 @@ fn serve_requests(c: &Conn<'_>) -> io::Result<()> {
             Some(r)
         };
         let held = job.budget;
+        // A client that waits for each reply and commits one write at a time (write, FLUSH):
+        // its write's record goes out once the write is acknowledged, while the client sends
+        // its FLUSH (`ByteIo::write_ahead`). Not once it pipelines: its requests overlap
+        // anyway, and group commit merges their records.
+        let ahead = !c.pipelining.seen() && {
+            let kind = match job.req.kind {
+                CMD_WRITE if job.req.flags & CMD_FLAG_FUA == 0 => RequestKind::Write,
+                CMD_FLUSH => RequestKind::Flush,
+                _ => RequestKind::Other,
+            };
+            c.commits.lock().expect("commit pattern").note(kind)
+        };
         // (Asked before the reply goes out: after it, a client at queue depth 1 may already
         // have sent its next request.)
         let result = execute(job, c.backend, c.writer, || {
@@ -496,6 +519,9 @@ fn serve_requests(c: &Conn<'_>) -> io::Result<()> {
             }
         });
         c.budget.give(held);
+        if ahead && result.is_ok() {
+            c.backend.write_ahead();
+        }
         if let Err(e) = result {
             // The client went away: stop reading and discard the rest.
             c.end();

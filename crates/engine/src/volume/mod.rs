@@ -328,6 +328,10 @@ pub struct Counters {
     /// seal short of a record buffer) before the record writer began them.
     #[serde(default)]
     pub handed_off_records_written_by_waiters: u64,
+    /// Records written right after a write was acknowledged, ahead of the FLUSH a committing
+    /// client sends next (`Volume::write_ahead`).
+    #[serde(default)]
+    pub records_written_ahead: u64,
     pub cache_flushes: u64,
     pub destaged_blocks: u64,
     pub backing_flushes: u64,
