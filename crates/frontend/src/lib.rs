@@ -69,11 +69,14 @@ pub enum RequestKind {
 /// Whether a client commits one write at a time, "write, FLUSH, write, FLUSH" (a database's
 /// commit at queue depth 1), judged from its last requests on one connection: then each of
 /// its writes is followed by `ByteIo::write_ahead` once acknowledged. Two such commits in a
-/// row start it; two writes in a row stop it, so a stream of writes with no FLUSH between
-/// them (a copy, a bulk load) never pays a record per write.
+/// row start it; a write with no FLUSH since the write before it stops it (two writes in a
+/// row, or with reads or trims between them), so a stream of writes with no FLUSH between
+/// them (a copy, a bulk load) pays a record for one write at most.
 #[derive(Debug, Default)]
 pub struct CommitPattern {
     last_was_write: bool,
+    /// A write came with no FLUSH after it yet.
+    unflushed_write: bool,
     commits_in_a_row: u8,
 }
 
@@ -86,15 +89,17 @@ impl CommitPattern {
     pub fn note(&mut self, kind: RequestKind) -> bool {
         let ahead = match kind {
             RequestKind::Write => {
-                if self.last_was_write {
+                if self.unflushed_write {
                     self.commits_in_a_row = 0;
                 }
+                self.unflushed_write = true;
                 self.commits_in_a_row >= Self::COMMITS
             }
             RequestKind::Flush => {
                 if self.last_was_write {
                     self.commits_in_a_row = (self.commits_in_a_row + 1).min(Self::COMMITS);
                 }
+                self.unflushed_write = false;
                 false
             }
             RequestKind::Other => false,
@@ -160,6 +165,14 @@ mod tests {
         let mut p = CommitPattern::default();
         let kinds = [Write, Other, Flush, Write, Other, Flush, Write];
         assert!(kinds.iter().all(|&k| !p.note(k)));
+        // Once started, writes with reads between them and no FLUSH: the first goes ahead (it
+        // could be a commit's), the next ones do not.
+        let mut p = CommitPattern::default();
+        for k in [Write, Flush, Write, Flush] {
+            p.note(k);
+        }
+        let seen: Vec<bool> = [Write, Other, Write, Other, Write].iter().map(|&k| p.note(k)).collect();
+        assert_eq!(seen, [true, false, false, false, false]);
     }
 
     #[test]

@@ -1824,10 +1824,6 @@ mod tests {
         }
     }
 
-    /// Records a reader sealed when its admissions filled staging and handed to the record
-    /// writer actor (`Volume::try_hand_off_staging`), while readers, writers, TRIMs and
-    /// crashes go on: over seeds 0..120 in 12, 36 (14 records), 40, 47, 56, 76 (4), 109 and
-    /// 112 (2), all passing.
     /// Large writes of uncached blocks sent around the cache below the high watermark because
     /// the log's head was densely dirty (`goes_around_now`), while readers, writers, TRIMs,
     /// write-back and crashes go on: every read is checked exactly. Rare (a seed needs
@@ -1865,6 +1861,10 @@ mod tests {
         );
     }
 
+    /// Records a reader sealed when its admissions filled staging and handed to the record
+    /// writer actor (`Volume::try_hand_off_staging`), while readers, writers, TRIMs and
+    /// crashes go on: over seeds 0..120 in 12, 36 (14 records), 40, 47, 56, 76 (4), 109 and
+    /// 112 (2), all passing.
     #[test]
     fn records_readers_hand_off_pass() {
         let by_readers: u64 = passing([36, 76]).map(|(_, r)| r.handed_off_by_readers).sum();

@@ -366,8 +366,11 @@ impl Volume {
     /// record header per call, so a frontend calls it only after a pattern of commits.
     ///
     /// Nothing here differs from a record sealed because staging filled (`commit`): durable
-    /// only once a FLUSH covers it. The checkpoint a record may make due is left to the next
-    /// FLUSH or commit (`write_out`), so this never takes longer than one record write.
+    /// only once a FLUSH covers it, and a checkpoint it makes due is taken here, after the
+    /// write. (Left to the FLUSH, it was never taken: that FLUSH finds nothing staged, and
+    /// `write_out` looks for a due checkpoint only after a record; with no background thread,
+    /// a loop of write, write ahead, FLUSH let the log past the checkpoint grow to the whole
+    /// log: `adversarial_write_ahead.rs`.)
     pub fn write_ahead(&self) -> Result<bool> {
         let Some(io) = self.try_lock_io_to_seal() else { return Ok(false) };
         let mut st = self.lock();
@@ -382,6 +385,7 @@ impl Volume {
         }
         st.counters.records_written_ahead += 1;
         self.seal_and_write(st, io, false, None)?;
+        self.checkpoint_if_due()?;
         Ok(true)
     }
 
