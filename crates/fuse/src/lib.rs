@@ -22,9 +22,9 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
-use tiercache_frontend::ByteIo;
+use tiercache_frontend::{ByteIo, CommitPattern, RequestKind};
 
 mod uring;
 pub use uring::kernel_enables as io_uring_enabled;
@@ -59,13 +59,29 @@ pub(crate) struct VolumeFile {
     /// Who mounted it: fuser lets only this uid's requests in (a few kinds excepted).
     owner: u32,
     mounted_at: SystemTime,
+    /// Whether the file's writers commit one write at a time (write, fsync: a loop device
+    /// under a database's fdatasync at queue depth 1), from the requests of all threads.
+    commits: Mutex<CommitPattern>,
 }
 
 impl VolumeFile {
     fn new(volume: Arc<dyn ByteIo>) -> VolumeFile {
         // SAFETY: getuid/getgid/geteuid have no preconditions and touch no memory.
         let (uid, gid, owner) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
-        VolumeFile { volume, uid, gid, owner, mounted_at: SystemTime::now() }
+        VolumeFile { volume, uid, gid, owner, mounted_at: SystemTime::now(), commits: Mutex::default() }
+    }
+
+    /// Notes a request for the commit pattern; whether to write a write ahead once its reply
+    /// is sent (`write_ahead`).
+    fn note(&self, kind: RequestKind) -> bool {
+        self.commits.lock().expect("commit pattern").note(kind)
+    }
+
+    /// After a write's reply, for a file whose writers commit one write at a time: the volume
+    /// writes its staged record while the fsync that follows is on its way
+    /// (`ByteIo::write_ahead`; NBD does the same).
+    fn write_ahead(&self) {
+        self.volume.write_ahead();
     }
 
     fn attr(&self, ino: INodeNo) -> Option<FileAttr> {
@@ -131,6 +147,7 @@ impl VolumeFile {
         if ino != FILE_INO {
             return Err(Errno::EISDIR);
         }
+        self.note(RequestKind::Other);
         let len = self.clamp(offset, buf.len() as u64) as usize;
         if len > 0 {
             self.volume.read(offset, &mut buf[..len]).map_err(Self::errno)?;
@@ -139,8 +156,9 @@ impl VolumeFile {
     }
 
     /// Writes `data` at `offset`; `open_flags` (the file's) with O_SYNC or O_DSYNC make it
-    /// a FUA write.
-    fn write(&self, ino: INodeNo, offset: u64, data: &[u8], open_flags: i32) -> Result<u32, Errno> {
+    /// a FUA write. Returns how many bytes, and whether to write it ahead once replied to
+    /// (`write_ahead`).
+    fn write(&self, ino: INodeNo, offset: u64, data: &[u8], open_flags: i32) -> Result<(u32, bool), Errno> {
         if ino != FILE_INO {
             return Err(Errno::EISDIR);
         }
@@ -148,15 +166,18 @@ impl VolumeFile {
             return Err(Errno::from_i32(libc::ENOSPC));
         }
         let sync = open_flags & (libc::O_SYNC | libc::O_DSYNC) != 0;
+        let ahead = self.note(if sync { RequestKind::Other } else { RequestKind::Write });
         self.volume.write(offset, data, sync).map_err(Self::errno)?;
-        Ok(data.len() as u32)
+        Ok((data.len() as u32, ahead))
     }
 
     fn fsync(&self) -> Result<(), Errno> {
+        self.note(RequestKind::Flush);
         self.volume.flush().map_err(Self::errno)
     }
 
     fn fallocate(&self, ino: INodeNo, offset: u64, length: u64, mode: i32) -> Result<(), Errno> {
+        self.note(RequestKind::Other);
         if ino != FILE_INO {
             return Err(Errno::EISDIR);
         }
@@ -312,7 +333,12 @@ impl Filesystem for VolumeFs {
         reply: ReplyWrite,
     ) {
         match self.file.write(ino, offset, data, flags.0) {
-            Ok(n) => reply.written(n),
+            Ok((n, ahead)) => {
+                reply.written(n);
+                if ahead {
+                    self.file.write_ahead();
+                }
+            }
             Err(e) => reply.error(e),
         }
     }

@@ -311,7 +311,7 @@ fn entry_thread(fd: &OwnedFd, qid: u16, pin: bool, file: &VolumeFile, registered
             }
         }
         have_request = false;
-        let commit_id = serve_one(file, &mut header, payload);
+        let (commit_id, ahead) = serve_one(file, &mut header, payload);
         let commit = opcode::UringCmd80::new(types::Fd(fd.as_raw_fd()), CMD_COMMIT_AND_FETCH)
             .cmd(command(commit_id, qid))
             .build();
@@ -320,6 +320,13 @@ fn entry_thread(fd: &OwnedFd, qid: u16, pin: bool, file: &VolumeFile, registered
         if let Err(e) = unsafe { ring.submission().push(&commit) } {
             tracing::warn!(error = %e, qid, "FUSE ring");
             return;
+        }
+        if ahead {
+            // The reply goes out now, not with the wait for the next request, and the write's
+            // record is written while its fsync is on the way. (A failed submit is seen by the
+            // wait below.)
+            let _ = ring.submit();
+            file.write_ahead();
         }
     }
 }
@@ -378,7 +385,7 @@ fn put_open_out(o: &mut Out<'_>, open_flags: u32) {
 
 /// Serves the request in `header` and `payload` and writes its reply there; returns the
 /// commit id (the request's unique).
-fn serve_one(file: &VolumeFile, header: &mut [u8], payload: &mut [u8]) -> u64 {
+fn serve_one(file: &VolumeFile, header: &mut [u8], payload: &mut [u8]) -> (u64, bool) {
     let opcode = u32_at(header, 4);
     let unique = u64_at(header, 8);
     let ino = INodeNo(u64_at(header, 16));
@@ -386,6 +393,7 @@ fn serve_one(file: &VolumeFile, header: &mut [u8], payload: &mut [u8]) -> u64 {
     let mut op = [0u8; 128];
     op.copy_from_slice(&header[OP_IN..OP_IN + 128]);
     let input = (u32_at(header, PAYLOAD_SZ) as usize).min(payload.len());
+    let mut ahead = false;
     let result = if uid != file.owner && !without_uid(opcode) {
         // fuser's check for the same mount (its default access rule, the mount's owner only).
         Err(Errno::EACCES)
@@ -393,11 +401,13 @@ fn serve_one(file: &VolumeFile, header: &mut [u8], payload: &mut [u8]) -> u64 {
         // A panic (an assertion, kept on in production) is answered EIO, as fuser's dropped
         // reply answers it through /dev/fuse: unanswered, a request already sent holds its
         // requester for good, and the queue would lose this entry.
-        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| dispatch(file, opcode, ino, &op, input, payload)))
-            .unwrap_or_else(|_| {
-                tracing::error!(opcode, "a FUSE request panicked; answered with EIO");
-                Err(Errno::EIO)
-            })
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            dispatch(file, opcode, ino, &op, input, payload, &mut ahead)
+        }))
+        .unwrap_or_else(|_| {
+            tracing::error!(opcode, "a FUSE request panicked; answered with EIO");
+            Err(Errno::EIO)
+        })
     };
     let (error, n) = match result {
         Ok(n) => (0, n),
@@ -407,7 +417,7 @@ fn serve_one(file: &VolumeFile, header: &mut [u8], payload: &mut [u8]) -> u64 {
     header[4..8].copy_from_slice(&error.to_ne_bytes());
     header[8..16].copy_from_slice(&unique.to_ne_bytes());
     header[PAYLOAD_SZ..PAYLOAD_SZ + 4].copy_from_slice(&(n as u32).to_ne_bytes());
-    unique
+    (unique, ahead && error == 0)
 }
 
 /// What fuser lets through from any uid (the kernel may send these with no uid of the
@@ -416,7 +426,8 @@ fn without_uid(opcode: u32) -> bool {
     matches!(opcode, READ | WRITE | FSYNC | FSYNCDIR | RELEASE | RELEASEDIR | READDIR | READDIRPLUS | DESTROY)
 }
 
-/// Runs one request; its reply goes at the start of `payload` (Ok: how many bytes).
+/// Runs one request; its reply goes at the start of `payload` (Ok: how many bytes). `ahead`:
+/// set for a write to write ahead once its reply is committed (`VolumeFile::write_ahead`).
 fn dispatch(
     file: &VolumeFile,
     opcode: u32,
@@ -424,6 +435,7 @@ fn dispatch(
     op: &[u8],
     input: usize,
     payload: &mut [u8],
+    ahead: &mut bool,
 ) -> Result<usize, Errno> {
     let mut out = Out { buf: payload, len: 0 };
     match opcode {
@@ -456,7 +468,8 @@ fn dispatch(
             // struct fuse_write_in: fh, offset, size, write_flags, lock_owner, flags; the data
             // is the payload.
             let size = (u32_at(op, 16) as usize).min(input);
-            let n = file.write(ino, u64_at(op, 8), &out.buf[..size], u32_at(op, 32) as i32)?;
+            let n;
+            (n, *ahead) = file.write(ino, u64_at(op, 8), &out.buf[..size], u32_at(op, 32) as i32)?;
             // struct fuse_write_out.
             out.u32(n).u32(0);
         }
@@ -533,6 +546,18 @@ mod tests {
     /// One request through `serve_one`, as the kernel lays it out: opcode, node, uid, the
     /// op-specific struct at 128, the rest in the payload. The reply: (error, payload).
     fn ask(file: &VolumeFile, opcode: u32, ino: u64, uid: u32, op: &[u8], input: &[u8]) -> (i32, Vec<u8>) {
+        ask_ahead(file, opcode, ino, uid, op, input).0
+    }
+
+    /// `ask`, and whether `serve_one` asked for a write ahead.
+    fn ask_ahead(
+        file: &VolumeFile,
+        opcode: u32,
+        ino: u64,
+        uid: u32,
+        op: &[u8],
+        input: &[u8],
+    ) -> ((i32, Vec<u8>), bool) {
         let mut header = vec![0xa5u8; HEADER_BYTES];
         header[4..8].copy_from_slice(&opcode.to_ne_bytes());
         header[8..16].copy_from_slice(&77u64.to_ne_bytes());
@@ -542,12 +567,49 @@ mod tests {
         header[PAYLOAD_SZ..PAYLOAD_SZ + 4].copy_from_slice(&(input.len() as u32).to_ne_bytes());
         let mut payload = vec![0x5au8; 1 << 16];
         payload[..input.len()].copy_from_slice(input);
-        assert_eq!(serve_one(file, &mut header, &mut payload), 77, "the commit id is the unique");
+        let (unique, ahead) = serve_one(file, &mut header, &mut payload);
+        assert_eq!(unique, 77, "the commit id is the unique");
         assert_eq!(u64_at(&header, 8), 77, "the reply's unique");
         let (len, error, n) = (u32_at(&header, 0), u32_at(&header, 4) as i32, u32_at(&header, PAYLOAD_SZ) as usize);
         assert_eq!(len as usize, 16 + n, "fuse_out_header.len");
         assert!(error == 0 || n == 0, "an error reply carries no payload");
-        (error, payload[..n].to_vec())
+        ((error, payload[..n].to_vec()), ahead)
+    }
+
+    /// Writes and fsyncs one at a time (a loop device under a database's fdatasync): from the
+    /// third write on, each asks for a write ahead after its reply; a write with no fsync
+    /// since the one before, a FUA write (the file opened O_DSYNC) and a refused write do not.
+    #[test]
+    fn a_file_committed_one_write_at_a_time_has_its_writes_written_ahead() {
+        let file = VolumeFile::new(Arc::new(Mem(std::sync::Mutex::new(vec![0u8; 1 << 20]))));
+        let me = file.owner;
+        // fuse_write_in: fh, offset, size and write_flags, lock_owner, flags (the file's).
+        let write_at =
+            |offset: u64, flags: u64| ask_ahead(&file, WRITE, 2, me, &le(&[0, offset, 4, 0, flags]), b"data");
+        let write = |flags: u64| write_at(0, flags).1;
+        let fsync = || assert!(!ask_ahead(&file, FSYNC, 2, me, &[0; 16], &[]).1);
+        let two_commits = || {
+            for _ in 0..2 {
+                write(0);
+                fsync();
+            }
+        };
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            seen.push(write(0));
+            fsync();
+        }
+        assert_eq!(seen, [false, false, true, true]);
+        assert!(write(0), "a fifth commit");
+        assert!(!write(0), "a write with no fsync since the one before");
+        fsync();
+        two_commits();
+        assert!(write(0), "two commits again");
+        fsync();
+        assert!(!write(libc::O_DSYNC as u64), "a FUA write is a commit of its own");
+        two_commits();
+        let past_end = write_at(1 << 20, 0);
+        assert_eq!((past_end.0 .0, past_end.1), (-libc::ENOSPC, false), "a refused write");
     }
 
     fn le(parts: &[u64]) -> Vec<u8> {
