@@ -21,9 +21,9 @@ use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{sys, BufDesc, UblkFlags, UblkIORes};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tiercache_frontend::{ByteIo, Errno};
+use tiercache_frontend::{ByteIo, CommitPattern, Errno, RequestKind};
 
 /// Settings of the block device.
 #[derive(Debug, Clone)]
@@ -141,7 +141,9 @@ pub fn serve(
         Ok(())
     };
     let queue_backend = Arc::clone(&backend);
-    let queue_fn = move |qid: u16, dev: &UblkDev| serve_queue(qid, dev, &*queue_backend);
+    // (One for all queues: a committer's requests go to the queue of whichever CPU it runs on.)
+    let commits = Arc::new(Mutex::new(CommitPattern::default()));
+    let queue_fn = move |qid: u16, dev: &UblkDev| serve_queue(qid, dev, &*queue_backend, &commits);
     let flush_backend = Arc::clone(&backend);
     let device_fn = move |ctrl: &UblkCtrl| {
         ready(&ctrl.get_bdev_path());
@@ -181,7 +183,7 @@ pub fn in_use(path: &str) -> bool {
 }
 
 /// One queue: fetch requests, run each against the volume, complete it with its result.
-fn serve_queue(qid: u16, dev: &UblkDev, backend: &dyn ByteIo) {
+fn serve_queue(qid: u16, dev: &UblkDev, backend: &dyn ByteIo, commits: &Mutex<CommitPattern>) {
     let bufs = dev.alloc_queue_io_bufs();
     let queue = match UblkQueue::new(qid, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
@@ -199,6 +201,12 @@ fn serve_queue(qid: u16, dev: &UblkDev, backend: &dyn ByteIo) {
         let offset = iod.start_sector << 9;
         let bytes = (iod.nr_sectors as usize) << 9;
         let buf = bufs[tag as usize].as_mut_slice();
+        let kind = match op {
+            sys::UBLK_IO_OP_WRITE if !fua => RequestKind::Write,
+            sys::UBLK_IO_OP_FLUSH => RequestKind::Flush,
+            _ => RequestKind::Other,
+        };
+        let ahead = commits.lock().expect("commit pattern").note(kind);
         let result = if bytes > buf.len() {
             Err(Errno::new(libc::EINVAL))
         } else {
@@ -218,6 +226,16 @@ fn serve_queue(qid: u16, dev: &UblkDev, backend: &dyn ByteIo) {
         if let Err(e) = q.complete_io_cmd_unified(tag, BufDesc::Slice(&bufs[tag as usize]), Ok(UblkIORes::Result(res)))
         {
             tracing::error!(qid, tag, error = ?e, "completing a ublk request failed");
+        }
+        if ahead && res >= 0 {
+            // A write of a committer that sends one write, then a FLUSH (`CommitPattern`): its
+            // completion goes to the driver now rather than with the wait for the next request,
+            // and the volume writes its record while the FLUSH is on its way
+            // (`ByteIo::write_ahead`).
+            if let Err(e) = libublk::io::with_task_io_ring(|r| r.submit()) {
+                tracing::warn!(qid, error = %e, "submitting a ublk completion");
+            }
+            backend.write_ahead();
         }
     };
     queue.wait_and_handle_io(handler);
