@@ -14,14 +14,12 @@
 
 use std::cell::Cell;
 use std::io::Write;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 use tiercache_frontend::{ByteIo, Errno};
 use tiercache_nbd::proto::*;
-use tiercache_nbd::{serve, Config, Listener};
 
 mod common;
 use common::*;
@@ -110,27 +108,12 @@ impl ByteIo for Disk {
     }
 }
 
-/// Serves `disk` on a Unix socket in `dir` until the returned flag is set.
-fn start(disk: Arc<Disk>, dir: &Path) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
-    let listener = UnixListener::bind(dir.join("s")).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = Arc::clone(&stop);
-    let t = std::thread::spawn(move || serve(Listener::Unix(listener), disk, Config::default(), s2).unwrap());
-    (stop, t)
-}
-
-fn connect(dir: &Path) -> UnixStream {
-    let c = UnixStream::connect(dir.join("s")).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    handshake(c)
-}
-
 /// Runs `client` with one or more connections (`connections`) against a fresh server on
 /// `disk`; returns the disk's write aheads (each the offset of the write it followed).
 fn aheads_of(disk: Arc<Disk>, connections: usize, client: impl FnOnce(&mut [UnixStream])) -> Vec<u64> {
     let dir = tempfile::tempdir().unwrap();
-    let (stop, t) = start(Arc::clone(&disk), dir.path());
-    let mut cs: Vec<UnixStream> = (0..connections).map(|_| connect(dir.path())).collect();
+    let (stop, t) = start_in(Arc::clone(&disk) as Arc<dyn ByteIo>, dir.path());
+    let mut cs: Vec<UnixStream> = (0..connections).map(|_| connect_in(dir.path())).collect();
     client(&mut cs);
     for mut c in cs {
         c.write_all(&request(CMD_DISC, 0, 0, 0)).unwrap();

@@ -4,14 +4,11 @@
 //! client that pipelines.
 
 use std::io::Write;
-use std::os::unix::net::{UnixListener, UnixStream};
-use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 use tiercache_frontend::{ByteIo, Errno};
 use tiercache_nbd::proto::*;
-use tiercache_nbd::{serve, Config, Listener};
 
 mod common;
 use common::*;
@@ -58,27 +55,12 @@ impl ByteIo for Disk {
     }
 }
 
-/// Serves `disk` on a Unix socket in `dir` until the returned flag is set.
-fn start(disk: Arc<Disk>, dir: &Path) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
-    let listener = UnixListener::bind(dir.join("s")).unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let s2 = Arc::clone(&stop);
-    let t = std::thread::spawn(move || serve(Listener::Unix(listener), disk, Config::default(), s2).unwrap());
-    (stop, t)
-}
-
-fn connect(dir: &Path) -> UnixStream {
-    let c = UnixStream::connect(dir.join("s")).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    handshake(c)
-}
-
 /// Runs `client` against a fresh server; returns the disk's write aheads.
 fn aheads_of(client: impl FnOnce(&mut UnixStream)) -> Vec<u64> {
     let dir = tempfile::tempdir().unwrap();
     let disk = Arc::new(Disk { data: Mutex::new(vec![0; SIZE as usize]), ..Disk::default() });
-    let (stop, t) = start(Arc::clone(&disk), dir.path());
-    let mut c = connect(dir.path());
+    let (stop, t) = start_in(Arc::clone(&disk) as Arc<dyn ByteIo>, dir.path());
+    let mut c = connect_in(dir.path());
     client(&mut c);
     c.write_all(&request(CMD_DISC, 0, 0, 0)).unwrap();
     drop(c);

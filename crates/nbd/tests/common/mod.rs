@@ -60,3 +60,25 @@ pub fn handshake<S: Read + Write>(mut c: S) -> S {
         }
     }
 }
+
+/// Serves `backend` with the default configuration on a Unix socket `s` in `dir` until the
+/// returned flag is set (then join the thread).
+pub fn start_in(
+    backend: std::sync::Arc<dyn tiercache_frontend::ByteIo>,
+    dir: &std::path::Path,
+) -> (std::sync::Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<()>) {
+    use tiercache_nbd::{serve, Config, Listener};
+    let listener = std::os::unix::net::UnixListener::bind(dir.join("s")).unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = std::sync::Arc::clone(&stop);
+    let t = std::thread::spawn(move || serve(Listener::Unix(listener), backend, Config::default(), s2).unwrap());
+    (stop, t)
+}
+
+/// A client of the server `start_in` started in `dir`, past the handshake, with a read
+/// timeout of 30 s.
+pub fn connect_in(dir: &std::path::Path) -> std::os::unix::net::UnixStream {
+    let c = std::os::unix::net::UnixStream::connect(dir.join("s")).unwrap();
+    c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+    handshake(c)
+}
