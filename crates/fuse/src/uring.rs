@@ -384,7 +384,8 @@ fn put_open_out(o: &mut Out<'_>, open_flags: u32) {
 }
 
 /// Serves the request in `header` and `payload` and writes its reply there; returns the
-/// commit id (the request's unique).
+/// commit id (the request's unique) and whether the request is a write to write ahead once
+/// its reply is committed (`VolumeFile::write_ahead`).
 fn serve_one(file: &VolumeFile, header: &mut [u8], payload: &mut [u8]) -> (u64, bool) {
     let opcode = u32_at(header, 4);
     let unique = u64_at(header, 8);

@@ -362,7 +362,8 @@ impl Volume {
     /// (`tiercache_frontend::CommitPattern`): the record write overlaps the round trip, and the
     /// FLUSH, which waits for record writes in progress (`lock_io`), only flushes. Through NBD
     /// with a libnbd client, write + FLUSH went from 0.63-0.71 of pwrite + fdatasync on a raw
-    /// file to 0.74-0.79 (`bench/nbd-roundtrip.py`). Where no FLUSH follows, the cost is a
+    /// file to 0.71-0.80 (`bench/nbd-roundtrip.py`); through FUSE, ext4's fdatasync by one
+    /// committer from 0.58-0.66 of a raw loop device to 0.70-0.78. Where no FLUSH follows, the cost is a
     /// record header per call, so a frontend calls it only after a pattern of commits.
     ///
     /// Nothing here differs from a record sealed because staging filled (`commit`): durable
