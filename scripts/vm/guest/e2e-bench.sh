@@ -37,6 +37,8 @@ $T create --cache $FAST --backing $SLOW --force >/dev/null 2>&1
 $T serve --cache $FAST --backing $SLOW --ublk --ublk-id 0 2>/tmp/serve.log & S=$!
 for i in $(seq 150); do [ -b /dev/ublkb0 ] && break; sleep 0.2; done
 measure "tiercache over ublk" /dev/ublkb0
+# What the engine did: records written ahead of a FLUSH (a committer's write), cache flushes per FLUSH.
+$T status --cache $FAST --json 2>/dev/null | python3 -c 'import json,sys; c=json.load(sys.stdin)["counters"]; print("e2e: tiercache counters: %d records written ahead of %d, %d FLUSH requests, %.2f cache flushes per FLUSH" % (c.get("records_written_ahead", 0), c["records_written"], c["flush_requests"], c["cache_flushes"] / max(1, c["flush_requests"])))' || true
 kill -TERM $S; wait $S
 
 wipe $FAST
