@@ -22,7 +22,7 @@ use std::ffi::OsStr;
 use std::os::fd::AsFd;
 use std::os::unix::ffi::OsStrExt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tiercache_frontend::{ByteIo, CommitPattern, RequestKind};
 
@@ -61,20 +61,20 @@ pub(crate) struct VolumeFile {
     mounted_at: SystemTime,
     /// Whether the file's writers commit one write at a time (write, fsync: a loop device
     /// under a database's fdatasync at queue depth 1), from the requests of all threads.
-    commits: Mutex<CommitPattern>,
+    commits: CommitPattern,
 }
 
 impl VolumeFile {
     fn new(volume: Arc<dyn ByteIo>) -> VolumeFile {
         // SAFETY: getuid/getgid/geteuid have no preconditions and touch no memory.
         let (uid, gid, owner) = unsafe { (libc::getuid(), libc::getgid(), libc::geteuid()) };
-        VolumeFile { volume, uid, gid, owner, mounted_at: SystemTime::now(), commits: Mutex::default() }
+        VolumeFile { volume, uid, gid, owner, mounted_at: SystemTime::now(), commits: CommitPattern::default() }
     }
 
     /// Notes a request for the commit pattern; whether to write a write ahead once its reply
     /// is sent (`write_ahead`).
     fn note(&self, kind: RequestKind) -> bool {
-        self.commits.lock().expect("commit pattern").note(kind)
+        self.commits.note(kind)
     }
 
     /// After a write's reply, for a file whose writers commit one write at a time: the volume

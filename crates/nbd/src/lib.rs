@@ -383,7 +383,7 @@ fn connection(mut stream: Box<dyn Stream>, backend: &dyn ByteIo, config: &Config
     // once the client is seen pipelining (`serve_requests`); until then the leader alone
     // reads, runs and replies, as a client waiting for each reply needs nothing more.
     let threads = config.workers_per_connection.max(1);
-    let commits = Mutex::new(CommitPattern::default());
+    let commits = CommitPattern::default();
     let c = Conn {
         reader: &reader,
         writer: &writer,
@@ -438,7 +438,7 @@ struct Conn<'a> {
     done: &'a AtomicBool,
     pipelining: &'a Pipelining,
     /// Whether the client commits one write at a time (noted while it does not pipeline).
-    commits: &'a Mutex<CommitPattern>,
+    commits: &'a CommitPattern,
 }
 
 impl Conn<'_> {
@@ -506,7 +506,7 @@ fn serve_requests(c: &Conn<'_>) -> io::Result<()> {
                 CMD_FLUSH => RequestKind::Flush,
                 _ => RequestKind::Other,
             };
-            c.commits.lock().expect("commit pattern").note(kind)
+            c.commits.note(kind)
         };
         // (Asked before the reply goes out: after it, a client at queue depth 1 may already
         // have sent its next request.)

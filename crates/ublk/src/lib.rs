@@ -21,7 +21,7 @@ use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::{BufDescList, UblkDev, UblkIOCtx, UblkQueue};
 use libublk::{sys, BufDesc, UblkFlags, UblkIORes};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tiercache_frontend::{ByteIo, CommitPattern, Errno, RequestKind};
 
@@ -142,7 +142,7 @@ pub fn serve(
     };
     let queue_backend = Arc::clone(&backend);
     // (One for all queues: a committer's requests go to the queue of whichever CPU it runs on.)
-    let commits = Arc::new(Mutex::new(CommitPattern::default()));
+    let commits = Arc::new(CommitPattern::default());
     let queue_fn = move |qid: u16, dev: &UblkDev| serve_queue(qid, dev, &*queue_backend, &commits);
     let flush_backend = Arc::clone(&backend);
     let device_fn = move |ctrl: &UblkCtrl| {
@@ -183,7 +183,7 @@ pub fn in_use(path: &str) -> bool {
 }
 
 /// One queue: fetch requests, run each against the volume, complete it with its result.
-fn serve_queue(qid: u16, dev: &UblkDev, backend: &dyn ByteIo, commits: &Mutex<CommitPattern>) {
+fn serve_queue(qid: u16, dev: &UblkDev, backend: &dyn ByteIo, commits: &CommitPattern) {
     let bufs = dev.alloc_queue_io_bufs();
     let queue = match UblkQueue::new(qid, dev)
         .and_then(|q| q.submit_fetch_commands_unified(BufDescList::Slices(Some(&bufs))))
@@ -206,7 +206,7 @@ fn serve_queue(qid: u16, dev: &UblkDev, backend: &dyn ByteIo, commits: &Mutex<Co
             sys::UBLK_IO_OP_FLUSH => RequestKind::Flush,
             _ => RequestKind::Other,
         };
-        let ahead = commits.lock().expect("commit pattern").note(kind);
+        let ahead = commits.note(kind);
         let result = if bytes > buf.len() {
             Err(Errno::new(libc::EINVAL))
         } else {
