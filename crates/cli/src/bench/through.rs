@@ -1,4 +1,4 @@
-//! `tiercache bench fsync --through fuse|nbd`: the fsync loop and 4 KiB random reads measured
+//! `tiercache bench fsync --through fuse|nbd|ublk`: the fsync loop and 4 KiB random reads measured
 //! the way a database sees them, inside ext4 on the served volume, against the same ext4 on the
 //! raw fast file (issue 9's end-to-end benchmark).
 //!
