@@ -25,7 +25,7 @@ mod file;
 mod sim;
 mod uring;
 
-pub use aligned::AlignedBuf;
+pub use aligned::{AlignedBuf, HUGE_PAGE};
 pub use clock::{Clock, MonotonicClock, SimClock};
 pub use emulated::EmulatedStats;
 pub use emulated::{precise_wait_until, EmulatedDevice, Profile, SeekModel, PROFILES};

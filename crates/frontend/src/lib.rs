@@ -28,6 +28,8 @@ mod volume;
 pub use errno::Errno;
 pub use passthrough::Passthrough;
 
+use tiercache_device::{AlignedBuf, HUGE_PAGE};
+
 /// A range of bytes a frontend serves: the hybrid volume, or a plain device. Every method
 /// takes `&self` and may be called from several threads at once; errors are the errno to
 /// reply with.
@@ -114,15 +116,59 @@ impl CommitPattern {
     }
 }
 
-/// A buffer for a READ reply of `len` bytes and where its page-aligned stretch starts
-/// (`&buf[at..at + len]`): the devices read with O_DIRECT, and a misaligned buffer costs them
-/// a bounce buffer and a copy of the whole reply (17 % of the NBD server's CPU time in a
-/// profile of 256 KiB cached reads).
-pub fn read_buffer(len: usize) -> (Vec<u8>, usize) {
-    const PAGE: usize = 4096;
-    let buf = vec![0u8; len + PAGE];
-    let at = buf.as_ptr().align_offset(PAGE).min(PAGE);
-    (buf, at)
+/// A buffer for a READ reply of `len` bytes: page-aligned, as the devices read with O_DIRECT (a
+/// misaligned buffer cost them a bounce buffer and a copy of the whole reply: 17 % of the NBD
+/// server's CPU time in a profile of 256 KiB cached reads), and in huge pages
+/// (`AlignedBuf::new_huge`: one I/O segment per 2 MiB, not per 4 KiB page).
+///
+/// Up to `HUGE_PAGE` bytes, each thread reuses one buffer from read to read (mapping and
+/// zeroing a huge page per request would cost more than it saves), so its contents are **not
+/// zeroed**: a previous read's bytes are there until overwritten. Hand it only to a read that
+/// fills what it returns (`ByteIo::read` fills all of `buf` on success). A thread keeps at
+/// most one such buffer (2 MiB of RAM) while it lives; larger reads get a buffer of their own.
+pub fn read_buffer(len: usize) -> ReadBuffer {
+    let buf = if len <= HUGE_PAGE {
+        THREAD_READ_BUFFER.with(|b| b.take()).unwrap_or_else(|| AlignedBuf::new_huge(HUGE_PAGE))
+    } else {
+        AlignedBuf::new_huge(len)
+    };
+    ReadBuffer { buf: Some(buf), len }
+}
+
+thread_local! {
+    /// The calling thread's reused read buffer (`read_buffer`), while no read holds it.
+    static THREAD_READ_BUFFER: std::cell::Cell<Option<AlignedBuf>> = const { std::cell::Cell::new(None) };
+}
+
+/// A read's payload buffer (`read_buffer`): derefs to its `len` bytes.
+pub struct ReadBuffer {
+    buf: Option<AlignedBuf>,
+    len: usize,
+}
+
+impl std::ops::Deref for ReadBuffer {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buf.as_ref().expect("held until dropped")[..self.len]
+    }
+}
+
+impl std::ops::DerefMut for ReadBuffer {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        &mut self.buf.as_mut().expect("held until dropped")[..self.len]
+    }
+}
+
+impl Drop for ReadBuffer {
+    fn drop(&mut self) {
+        // (Given back to whichever thread drops it; a thread that holds one already drops it.)
+        if let Some(buf) = self.buf.take().filter(|b| b.len() == HUGE_PAGE) {
+            let _ = THREAD_READ_BUFFER.try_with(|b| {
+                let kept = b.take().unwrap_or(buf);
+                b.set(Some(kept));
+            });
+        }
+    }
 }
 
 /// The whole blocks of `block_size` bytes inside a byte range, as (offset, length), if any:
@@ -137,12 +183,32 @@ fn whole_blocks_inside(offset: u64, len: u64, block_size: u32) -> Option<(u64, u
 #[cfg(test)]
 mod tests {
     #[test]
-    fn a_read_buffer_has_a_page_aligned_stretch_of_the_length_asked() {
-        for len in [1, 4095, 4096, 65536, 256 << 10, (1 << 20) + 512] {
-            let (buf, at) = super::read_buffer(len);
-            assert!(buf[at..].len() >= len, "{len}");
-            assert_eq!(buf[at..].as_ptr() as usize % 4096, 0, "{len}");
+    fn a_read_buffer_is_page_aligned_and_of_the_length_asked() {
+        for len in [1, 4095, 4096, 65536, 256 << 10, (1 << 20) + 512, (2 << 20) + 4096] {
+            let buf = super::read_buffer(len);
+            assert_eq!(buf.len(), len);
+            assert_eq!(buf.as_ptr() as usize % 4096, 0, "{len}");
         }
+    }
+
+    #[test]
+    fn a_thread_reuses_its_read_buffer_and_only_up_to_a_huge_page() {
+        let first = super::read_buffer(4096);
+        let at = first.as_ptr();
+        drop(first);
+        let again = super::read_buffer(256 << 10);
+        assert_eq!(again.as_ptr(), at, "the thread's buffer is reused");
+        // While it is held, another read gets another buffer.
+        let other = super::read_buffer(4096);
+        assert_ne!(other.as_ptr(), at);
+        drop((again, other));
+        // A read larger than a huge page gets a buffer of its own, never kept.
+        let large = super::read_buffer((2 << 20) + 4096);
+        let large_at = large.as_ptr();
+        drop(large);
+        let next = super::read_buffer(4096);
+        assert_ne!(next.as_ptr(), large_at);
+        assert_eq!(next.as_ptr(), at, "the kept buffer is still the thread's");
     }
 
     #[test]

@@ -313,9 +313,9 @@ impl Filesystem for VolumeFs {
         reply: ReplyData,
     ) {
         let len = self.file.clamp(offset, u64::from(size)) as usize;
-        let (mut buf, at) = tiercache_frontend::read_buffer(len);
-        match self.file.read(ino, offset, &mut buf[at..at + len]) {
-            Ok(n) => reply.data(&buf[at..at + n]),
+        let mut buf = tiercache_frontend::read_buffer(len);
+        match self.file.read(ino, offset, &mut buf) {
+            Ok(n) => reply.data(&buf[..n]),
             Err(e) => reply.error(e),
         }
     }

@@ -238,9 +238,10 @@ fn entry_thread(fd: &OwnedFd, qid: u16, pin: bool, file: &VolumeFile, registered
         let _ = registered.send(Err(e));
     };
     let mut header = vec![0u8; HEADER_BYTES];
-    // Page-aligned: a READ is read from the volume straight into it, with O_DIRECT below.
-    let (mut payload_buf, at) = tiercache_frontend::read_buffer(PAYLOAD_BYTES);
-    let payload = &mut payload_buf[at..at + PAYLOAD_BYTES];
+    // Page-aligned: a READ is read from the volume straight into it, with O_DIRECT below; in
+    // huge pages, one I/O segment per 2 MiB (`AlignedBuf::new_huge`).
+    let mut payload_buf = tiercache_device::AlignedBuf::new_huge(PAYLOAD_BYTES);
+    let payload = &mut payload_buf[..];
     // (Made after the buffers, so dropped before them: the ring, closed, cancels the entry's
     // command before the memory it points at is freed.)
     let mut ring: IoUring<squeue::Entry128> = match IoUring::<squeue::Entry128>::builder().build(2) {

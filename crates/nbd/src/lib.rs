@@ -601,9 +601,9 @@ fn execute(
     let len = u64::from(r.length);
     let (result, data) = match r.kind {
         CMD_READ => {
-            let (mut buf, at) = tiercache_frontend::read_buffer(r.length as usize);
-            let res = backend.read(r.offset, &mut buf[at..at + r.length as usize]);
-            (res, Some((buf, at)))
+            let mut buf = tiercache_frontend::read_buffer(r.length as usize);
+            let res = backend.read(r.offset, &mut buf);
+            (res, Some(buf))
         }
         CMD_WRITE => (backend.write(r.offset, &job.data, fua), None),
         CMD_FLUSH => (backend.flush(), None),
@@ -614,9 +614,7 @@ fn execute(
     before_reply();
     let mut w = writer.lock().expect("writer");
     match (result, data) {
-        (Ok(()), Some((buf, at))) => {
-            write_all_vectored(&mut **w, &encode_simple_reply(0, r.cookie), &buf[at..at + r.length as usize])
-        }
+        (Ok(()), Some(buf)) => write_all_vectored(&mut **w, &encode_simple_reply(0, r.cookie), &buf),
         (Ok(()), None) => w.write_all(&encode_simple_reply(0, r.cookie)),
         (Err(e), _) => w.write_all(&encode_simple_reply(reply_error(e.get()), r.cookie)),
     }

@@ -597,10 +597,12 @@ fn stream(
     let next = AtomicU64::new(0);
     // Each worker's buffer is allocated and filled before the clock starts, and the workers
     // start together (a barrier): at 16 workers of 1 MiB, filling the buffers took as long as
-    // a 32 MiB round's I/O, and the rate measured that, not the device.
+    // a 32 MiB round's I/O, and the rate measured that, not the device. In huge pages, as the
+    // engine's record buffers and the frontends' read buffers are, for the raw devices' rows
+    // too: the same I/O segments for both sides of a ratio.
     let buffers: Vec<AlignedBuf> = (0..qd)
         .map(|w| {
-            let mut buf = AlignedBuf::new(request as usize);
+            let mut buf = AlignedBuf::new_huge(request as usize);
             for (i, b) in buf.iter_mut().enumerate() {
                 *b = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(w) as u8;
             }

@@ -763,7 +763,10 @@ impl Volume {
             backing_blocks: r.superblock.backing_size_bytes / bs as u64,
             fingerprint_blocks: r.superblock.fingerprint_blocks(),
             options,
-            io: Mutex::new(IoBuffers { copy: AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize) }),
+            // (Record buffers, the staging buffer they swap with and the copy buffer in huge
+            // pages: a record's write is then one I/O segment, not one per 4 KiB page;
+            // `AlignedBuf::new_huge` gives the figures. 20 MiB of RAM where 6.6 did.)
+            io: Mutex::new(IoBuffers { copy: AlignedBuf::new_huge(bs * MAX_RECORD_BLOCKS as usize) }),
             staging_limit,
             destage: Mutex::new(Elevator::default()),
             around: Mutex::new(()),
@@ -773,7 +776,7 @@ impl Volume {
                 staging: Staging::new(bs, staging_limit),
                 inflight: VecDeque::with_capacity(RECORD_PIPELINE_DEPTH),
                 spare_bufs: (0..RECORD_PIPELINE_DEPTH)
-                    .map(|_| AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize))
+                    .map(|_| AlignedBuf::new_huge(bs * MAX_RECORD_BLOCKS as usize))
                     .collect(),
                 head: r.head,
                 tail: r.tail,

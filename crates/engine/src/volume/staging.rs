@@ -27,7 +27,8 @@ impl Staging {
         assert!((1..=RECORD_ENTRIES).contains(&limit));
         Staging {
             limit,
-            buf: AlignedBuf::new(bs * MAX_RECORD_BLOCKS as usize),
+            // (In huge pages, as the record buffers it swaps with at each seal: `Volume::open`.)
+            buf: AlignedBuf::new_huge(bs * MAX_RECORD_BLOCKS as usize),
             data: Vec::with_capacity(RECORD_ENTRIES),
             map: HashMap::with_capacity(RECORD_ENTRIES),
             meta: Vec::new(),
