@@ -38,7 +38,8 @@ pub trait ByteIo: Send + Sync + 'static {
     fn size_bytes(&self) -> u64;
     /// The preferred request unit in bytes: requests aligned to it need no read-modify-write.
     fn block_size(&self) -> u32;
-    /// Reads `buf.len()` bytes at `offset` (any alignment).
+    /// Reads `buf.len()` bytes at `offset` (any alignment). On success every byte of `buf` is
+    /// written (frontends reuse read buffers without zeroing them: `read_buffer`).
     fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno>;
     /// Writes `data` at `offset` (any alignment: partial blocks are read, modified and written
     /// whole). With `fua` the write is durable on return: a write, then a flush.
