@@ -52,10 +52,10 @@ impl AlignedBuf {
     /// 676 KiB takes 2 MiB of RAM once touched.
     pub fn new_huge(len: usize) -> Self {
         assert!(len > 0, "AlignedBuf of zero length");
-        let mapped = len.next_multiple_of(HUGE_PAGE);
+        let mapped = len.checked_next_multiple_of(HUGE_PAGE).expect("AlignedBuf length overflows");
         // Mapped with a huge page of slack, then trimmed to the aligned stretch: mmap only
         // promises the base page's alignment.
-        let slack = mapped + HUGE_PAGE;
+        let slack = mapped.checked_add(HUGE_PAGE).expect("AlignedBuf length overflows");
         // SAFETY: a new private anonymous mapping; no existing memory is affected.
         let raw = unsafe {
             libc::mmap(

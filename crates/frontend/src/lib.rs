@@ -122,19 +122,30 @@ impl CommitPattern {
 /// server's CPU time in a profile of 256 KiB cached reads), and in huge pages
 /// (`AlignedBuf::new_huge`: one I/O segment per 2 MiB, not per 4 KiB page).
 ///
-/// Up to `HUGE_PAGE` bytes, each thread reuses one buffer from read to read (mapping and
-/// zeroing a huge page per request would cost more than it saves), so its contents are **not
-/// zeroed**: a previous read's bytes are there until overwritten. Hand it only to a read that
-/// fills what it returns (`ByteIo::read` fills all of `buf` on success). A thread keeps at
-/// most one such buffer (2 MiB of RAM) while it lives; larger reads get a buffer of their own.
+/// From `REUSED_READ_MIN_BYTES` to `HUGE_PAGE` bytes, each thread reuses one buffer from read
+/// to read (mapping and zeroing a huge page per request would cost more than it saves), so its
+/// contents are **not zeroed**: a previous read's bytes are there until overwritten. Hand it
+/// only to a read that fills what it returns (`ByteIo::read` fills all of `buf` on success). A
+/// thread that has served such a read keeps that buffer (2 MiB of RAM) while it lives; larger
+/// reads get a huge buffer of their own, smaller ones an ordinary one (a few pages: one I/O
+/// segment or a handful anyway).
 pub fn read_buffer(len: usize) -> ReadBuffer {
-    let buf = if len <= HUGE_PAGE {
+    let buf = if len < REUSED_READ_MIN_BYTES {
+        AlignedBuf::new(len.max(1))
+    } else if len <= HUGE_PAGE {
         THREAD_READ_BUFFER.with(|b| b.take()).unwrap_or_else(|| AlignedBuf::new_huge(HUGE_PAGE))
     } else {
         AlignedBuf::new_huge(len)
     };
     ReadBuffer { buf: Some(buf), len }
 }
+
+/// Reads smaller than this get an ordinary buffer of their own (`read_buffer`): a connection
+/// that only ever reads a few blocks at a time (a database's page reads) holds no huge page.
+/// (Without it, eight idle NBD connections held 64 MiB after 4 KiB reads: a 4 KiB read into
+/// the reused buffer faults in its whole huge page, in each of a connection's four threads;
+/// `crates/nbd/tests/adversarial_read_buffer_ram.rs`.)
+pub const REUSED_READ_MIN_BYTES: usize = 64 << 10;
 
 thread_local! {
     /// The calling thread's reused read buffer (`read_buffer`), while no read holds it.
@@ -194,20 +205,27 @@ mod tests {
 
     #[test]
     fn a_thread_reuses_its_read_buffer_and_only_up_to_a_huge_page() {
-        let first = super::read_buffer(4096);
+        let first = super::read_buffer(super::REUSED_READ_MIN_BYTES);
         let at = first.as_ptr();
         drop(first);
         let again = super::read_buffer(256 << 10);
         assert_eq!(again.as_ptr(), at, "the thread's buffer is reused");
+        // A small read gets an ordinary buffer of its own, even while the thread's is free.
+        drop(again);
+        let small = super::read_buffer(4096);
+        assert_ne!(small.as_ptr(), at);
+        drop(small);
+        let again = super::read_buffer(1 << 20);
+        assert_eq!(again.as_ptr(), at);
         // While it is held, another read gets another buffer.
-        let other = super::read_buffer(4096);
+        let other = super::read_buffer(1 << 20);
         assert_ne!(other.as_ptr(), at);
         drop((again, other));
         // A read larger than a huge page gets a buffer of its own, never kept.
         let large = super::read_buffer((2 << 20) + 4096);
         let large_at = large.as_ptr();
         drop(large);
-        let next = super::read_buffer(4096);
+        let next = super::read_buffer(64 << 10);
         assert_ne!(next.as_ptr(), large_at);
         assert_eq!(next.as_ptr(), at, "the kept buffer is still the thread's");
     }

@@ -16,7 +16,7 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use tiercache_device::{MonotonicClock, SimDevice, HUGE_PAGE};
 use tiercache_engine::{create, CreateOptions, Volume, VolumeOptions};
-use tiercache_frontend::{read_buffer, ByteIo, Passthrough, ReadBuffer};
+use tiercache_frontend::{read_buffer, ByteIo, Passthrough, ReadBuffer, REUSED_READ_MIN_BYTES as REUSED};
 
 const BS: u64 = 4096;
 const STALE: u8 = 0xEE;
@@ -160,8 +160,8 @@ fn read_buffers_left_in_thread_locals_at_thread_exit_are_unmapped() {
                 // (Registered before the reused buffer's thread-local: destroyed after it, on
                 // glibc, whose thread-local destructors run last registered first.)
                 HELD_BEFORE.with(|h| h.borrow_mut().clear());
-                let a = read_buffer(4096);
-                let b = read_buffer(100);
+                let a = read_buffer(REUSED);
+                let b = read_buffer(REUSED + 100);
                 let large = read_buffer(HUGE_PAGE + 1);
                 match t % 3 {
                     0 => HELD_BEFORE.with(|h| h.borrow_mut().extend([a, b, large])),
@@ -189,27 +189,27 @@ fn read_buffers_left_in_thread_locals_at_thread_exit_are_unmapped() {
 fn a_read_buffer_dropped_on_another_thread_becomes_that_threads_and_is_never_shared() {
     let (tx, rx) = std::sync::mpsc::channel::<ReadBuffer>();
     let taker = std::thread::spawn(move || {
-        let mut b = read_buffer(4096);
+        let mut b = read_buffer(REUSED);
         b.fill(1);
         let at = b.as_ptr() as usize;
         tx.send(b).unwrap();
         // The buffer went with the request: this thread gets a new one.
-        let c = read_buffer(4096);
+        let c = read_buffer(REUSED);
         assert_ne!(c.as_ptr() as usize, at);
         at
     });
     let given = rx.recv().unwrap();
     let at = taker.join().unwrap();
     std::thread::spawn(move || {
-        let mine = read_buffer(4096);
+        let mine = read_buffer(REUSED);
         // The slot is empty (`mine` holds its buffer): the given one goes into it.
         drop(given);
-        let next = read_buffer(4096);
+        let next = read_buffer(REUSED);
         assert_eq!(next.as_ptr() as usize, at, "the dropping thread adopts the buffer");
         assert_ne!(mine.as_ptr(), next.as_ptr(), "two live read buffers never alias");
         drop((mine, next));
         // Both given back: one is kept, the other unmapped; the next two reads get two.
-        let (x, y) = (read_buffer(1), read_buffer(1));
+        let (x, y) = (read_buffer(REUSED), read_buffer(REUSED));
         assert_ne!(x.as_ptr(), y.as_ptr());
     })
     .join()

@@ -293,6 +293,7 @@ impl Probation {
 
     /// The invariants (debug builds and the simulator): every copy is clean, in a slot of the
     /// live part of the ring, `[head, tail)`.
+    #[cfg(any(debug_assertions, feature = "testing"))]
     pub(super) fn check(&self) {
         if !self.enabled() {
             return;
