@@ -41,7 +41,7 @@ pub const SPIN_WINDOW: Duration = Duration::from_micros(200);
 /// a batch of 256 scattered writes held an emulated HDD (one slot) for half a second before a
 /// read that arrived after it, where the real device layer lets that read in after at most a
 /// group.
-const BATCH_GROUP: usize = crate::uring::RING_ENTRIES;
+pub(crate) const BATCH_GROUP: usize = crate::uring::RING_ENTRIES;
 
 /// A rotating disk's mechanics.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -261,6 +261,13 @@ impl<D: BlockDevice> EmulatedDevice<D> {
 
     pub fn stats(&self) -> EmulatedStats {
         *self.stats.lock().expect("stats lock")
+    }
+
+    /// When each queue slot frees, in the model's nanoseconds (tests read overlap from the
+    /// bookings, which a loaded machine does not stretch).
+    #[cfg(test)]
+    pub(crate) fn booked_slots_ns(&self) -> Vec<u64> {
+        self.state.lock().expect("model lock").slot_free_at_ns.clone()
     }
 
     fn now_ns(&self) -> u64 {
