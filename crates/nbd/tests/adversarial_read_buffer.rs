@@ -32,38 +32,22 @@ fn byte_at(i: u64) -> u8 {
     }
 }
 
-struct Disk;
-
-impl ByteIo for Disk {
-    fn size_bytes(&self) -> u64 {
-        SIZE
-    }
-    fn block_size(&self) -> u32 {
-        4096
-    }
-    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        if offset == FAILS_MIDWAY {
-            let half = buf.len() / 2;
-            buf[..half].fill(STALE);
-            return Err(Errno::EIO);
-        }
-        for (i, b) in buf.iter_mut().enumerate() {
-            *b = byte_at(offset + i as u64);
-        }
-        Ok(())
-    }
-    fn write(&self, _offset: u64, _data: &[u8], _fua: bool) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn flush(&self) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn trim(&self, _offset: u64, _len: u64) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn write_zeroes(&self, _offset: u64, _len: u64, _fua: bool) -> Result<(), Errno> {
-        Ok(())
-    }
+/// Reads the pattern, except that a read at `FAILS_MIDWAY` scribbles and fails.
+fn disk() -> Arc<dyn ByteIo> {
+    Arc::new(ReadOnly {
+        size: SIZE,
+        read: |offset: u64, buf: &mut [u8]| {
+            if offset == FAILS_MIDWAY {
+                let half = buf.len() / 2;
+                buf[..half].fill(STALE);
+                return Err(Errno::EIO);
+            }
+            for (i, b) in buf.iter_mut().enumerate() {
+                *b = byte_at(offset + i as u64);
+            }
+            Ok(())
+        },
+    })
 }
 
 fn expected(offset: u64, len: u32) -> Vec<u8> {
@@ -73,7 +57,7 @@ fn expected(offset: u64, len: u32) -> Vec<u8> {
 #[test]
 fn a_failed_read_replies_no_data_and_the_next_reply_carries_only_its_own_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let (stop, server) = start_in(Arc::new(Disk), dir.path());
+    let (stop, server) = start_in(disk(), dir.path());
     let mut c = connect_in(dir.path());
     // (offset, length, expected error)
     let reads: [(u64, u32, u32); 9] = [
@@ -103,7 +87,7 @@ fn a_failed_read_replies_no_data_and_the_next_reply_carries_only_its_own_bytes()
 #[test]
 fn pipelined_reads_on_every_connection_thread_never_carry_stale_bytes() {
     let dir = tempfile::tempdir().unwrap();
-    let (stop, server) = start_in(Arc::new(Disk), dir.path());
+    let (stop, server) = start_in(disk(), dir.path());
     let mut c = connect_in(dir.path());
     let mut sent: HashMap<u64, (u64, u32)> = HashMap::new();
     let mut rng = 0x9e37_79b9_7f4a_7c15u64;

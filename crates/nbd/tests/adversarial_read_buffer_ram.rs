@@ -7,38 +7,22 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use tiercache_frontend::{ByteIo, Errno};
+use tiercache_frontend::ByteIo;
 use tiercache_nbd::proto::*;
 
 mod common;
 use common::*;
 
-struct Zeroes;
-
-impl ByteIo for Zeroes {
-    fn size_bytes(&self) -> u64 {
-        1 << 30
-    }
-    fn block_size(&self) -> u32 {
-        4096
-    }
-    fn read(&self, _offset: u64, buf: &mut [u8]) -> Result<(), Errno> {
-        buf.fill(0);
-        std::thread::sleep(std::time::Duration::from_micros(200));
-        Ok(())
-    }
-    fn write(&self, _offset: u64, _data: &[u8], _fua: bool) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn flush(&self) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn trim(&self, _offset: u64, _len: u64) -> Result<(), Errno> {
-        Ok(())
-    }
-    fn write_zeroes(&self, _offset: u64, _len: u64, _fua: bool) -> Result<(), Errno> {
-        Ok(())
-    }
+/// 1 GiB of zeroes, each read taking 200 us.
+fn zeroes() -> Arc<dyn ByteIo> {
+    Arc::new(ReadOnly {
+        size: 1 << 30,
+        read: |_offset: u64, buf: &mut [u8]| {
+            buf.fill(0);
+            std::thread::sleep(std::time::Duration::from_micros(200));
+            Ok(())
+        },
+    })
 }
 
 fn rss_kb() -> u64 {
@@ -53,7 +37,7 @@ fn rss_kb() -> u64 {
 #[test]
 fn idle_connections_hold_little_ram_after_small_reads() {
     let dir = tempfile::tempdir().unwrap();
-    let (stop, server) = start_in(Arc::new(Zeroes), dir.path());
+    let (stop, server) = start_in(zeroes(), dir.path());
     let before = rss_kb();
     let mut conns = Vec::new();
     for _ in 0..8 {

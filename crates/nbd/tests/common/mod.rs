@@ -82,3 +82,38 @@ pub fn connect_in(dir: &std::path::Path) -> std::os::unix::net::UnixStream {
     c.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
     handshake(c)
 }
+
+/// A backend of `size` bytes whose reads are `read` and whose writes, flushes, trims and
+/// zeroings succeed and do nothing: for tests of the read path alone. (A test type: a real
+/// `ByteIo` must never acknowledge a write it dropped.)
+pub struct ReadOnly<F> {
+    pub size: u64,
+    pub read: F,
+}
+
+impl<F> tiercache_frontend::ByteIo for ReadOnly<F>
+where
+    F: Fn(u64, &mut [u8]) -> Result<(), tiercache_frontend::Errno> + Send + Sync + 'static,
+{
+    fn size_bytes(&self) -> u64 {
+        self.size
+    }
+    fn block_size(&self) -> u32 {
+        4096
+    }
+    fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), tiercache_frontend::Errno> {
+        (self.read)(offset, buf)
+    }
+    fn write(&self, _offset: u64, _data: &[u8], _fua: bool) -> Result<(), tiercache_frontend::Errno> {
+        Ok(())
+    }
+    fn flush(&self) -> Result<(), tiercache_frontend::Errno> {
+        Ok(())
+    }
+    fn trim(&self, _offset: u64, _len: u64) -> Result<(), tiercache_frontend::Errno> {
+        Ok(())
+    }
+    fn write_zeroes(&self, _offset: u64, _len: u64, _fua: bool) -> Result<(), tiercache_frontend::Errno> {
+        Ok(())
+    }
+}
