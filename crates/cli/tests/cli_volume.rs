@@ -116,7 +116,7 @@ fn a_wrong_backing_device_is_refused_and_nothing_changes() {
     let before = (std::fs::read(&f.cache).unwrap(), std::fs::read(&other_content).unwrap());
     for (other, why) in [
         (&other_size, "its size is 4194304 bytes"),
-        (&other_content, "its block 16383 (bytes 67104768..67108864) has checksum"),
+        (&other_content, "its block 16383 (bytes 67104768..67108864) has fingerprint"),
     ] {
         for cmd in ["flush", "check"] {
             fails_with(&[cmd, "--cache", p(&f.cache), "--backing", p(other)], why);

@@ -25,7 +25,7 @@ pub use checkpoint::{CheckpointEntry, CheckpointHeader};
 pub use error::FormatError;
 pub use layout::Layout;
 pub use record::{EntryKind, RecordEntry, RecordHeader};
-pub use superblock::{fingerprint_blocks, Fingerprint, Superblock, VolumeMode, FINGERPRINT_BLOCKS};
+pub use superblock::{fingerprint_blocks, Fingerprint, FingerprintHash, Superblock, VolumeMode, FINGERPRINT_BLOCKS};
 
 /// The CRC used everywhere on disk: CRC-32C (Castagnoli), hardware-accelerated on x86 and ARM.
 /// (crc-fast, not the crc32c crate: a 1 MiB cache hit checksums every block it read after the

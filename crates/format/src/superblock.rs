@@ -81,8 +81,12 @@ pub struct SuperblockDisk {
     /// `Layout::probation_blocks` (the ring follows the log). Zero in caches formatted before
     /// it existed: builds before it refuse a cache that has one ("reserved: non-zero").
     pub probation_blocks: U64,
+    /// `FingerprintHash` as a number: how `fingerprint_crc` and `fingerprint_next` were
+    /// computed. Zero (CRC-32C) in caches formatted before it existed; builds before it refuse
+    /// a cache with another ("reserved: non-zero").
+    pub fingerprint_hash: U32,
     /// Zero; room for future fields.
-    pub reserved: [u8; 144],
+    pub reserved: [u8; 140],
 }
 
 /// Backing blocks fingerprinted in the superblock.
@@ -91,10 +95,41 @@ pub const FINGERPRINT_BLOCKS: usize = 4;
 /// What the superblock remembers of one fingerprint block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Fingerprint {
-    /// CRC-32C of the block's content on the backing device.
+    /// The block's content on the backing device, hashed by the superblock's `FingerprintHash`.
     pub crc: u32,
-    /// Set while a write-back of this block is in flight: its new content's CRC.
+    /// Set while a write-back of this block is in flight: its new content's hash.
     pub next: Option<u32>,
+}
+
+/// How a fingerprint block's content is hashed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FingerprintHash {
+    /// CRC-32C of the block, as caches formatted before `Xxh3` store it. Blind where a block
+    /// ends a checksummed structure with that structure's own CRC-32C: CRC-32C over data
+    /// followed by its CRC-32C is one constant, so every ext4 file system's block 0 (its
+    /// superblock ends in `s_checksum`, zeroes after it) hashed alike, and a backing device
+    /// mounted and changed outside the cache passed the check on that block.
+    Crc32c = 0,
+    /// The low 32 bits of the block's XXH3-64 (xxHash, spec 0.8): not linear over GF(2), so an
+    /// embedded CRC of any kind does not cancel out. What `create` uses.
+    Xxh3 = 1,
+}
+
+impl FingerprintHash {
+    /// The fingerprint of `block`'s content.
+    pub fn of(self, block: &[u8]) -> u32 {
+        match self {
+            FingerprintHash::Crc32c => crate::checksum(block),
+            FingerprintHash::Xxh3 => xxhash_rust::xxh3::xxh3_64(block) as u32,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FingerprintHash::Crc32c => "crc32c",
+            FingerprintHash::Xxh3 => "xxh3",
+        }
+    }
 }
 
 const _: () = assert!(std::mem::size_of::<SuperblockDisk>() == SUPERBLOCK_SIZE);
@@ -110,6 +145,8 @@ pub struct Superblock {
     pub backing_size_bytes: u64,
     /// One per `fingerprint_blocks()`, in that order.
     pub backing_fingerprints: [Fingerprint; FINGERPRINT_BLOCKS],
+    /// How `backing_fingerprints` hash a block.
+    pub fingerprint_hash: FingerprintHash,
     pub dirty_low_permille: u16,
     pub dirty_high_permille: u16,
     pub created_unix_secs: u64,
@@ -186,7 +223,8 @@ impl Superblock {
             backing_path: padded(&self.backing_path),
             backing_id: padded(&self.backing_id),
             probation_blocks: U64::new(l.probation_blocks),
-            reserved: [0; 144],
+            fingerprint_hash: U32::new(self.fingerprint_hash as u32),
+            reserved: [0; 140],
         };
         let bytes = &mut block[..SUPERBLOCK_SIZE];
         bytes.copy_from_slice(disk.as_bytes());
@@ -255,6 +293,11 @@ impl Superblock {
         if disk.padding0.get() != 0 || disk.reserved.iter().any(|&b| b != 0) || flags >> FINGERPRINT_BLOCKS != 0 {
             return Err(invalid("reserved", "non-zero padding".into()));
         }
+        let fingerprint_hash = match disk.fingerprint_hash.get() {
+            0 => FingerprintHash::Crc32c,
+            1 => FingerprintHash::Xxh3,
+            h => return Err(invalid("fingerprint_hash", format!("unknown hash {h}"))),
+        };
         let mut backing_fingerprints = [Fingerprint::default(); FINGERPRINT_BLOCKS];
         for (i, f) in backing_fingerprints.iter_mut().enumerate() {
             f.crc = disk.fingerprint_crc[i].get();
@@ -268,6 +311,7 @@ impl Superblock {
             mode,
             backing_size_bytes: disk.backing_size_bytes.get(),
             backing_fingerprints,
+            fingerprint_hash,
             dirty_low_permille: low,
             dirty_high_permille: high,
             created_unix_secs: disk.created_unix_secs.get(),
@@ -329,6 +373,7 @@ mod tests {
                 Fingerprint { crc: 2, next: Some(0) },
                 Fingerprint { crc: 3, next: None },
             ],
+            fingerprint_hash: FingerprintHash::Xxh3,
             dirty_low_permille: 200,
             dirty_high_permille: 600,
             created_unix_secs: 1_700_000_000,
@@ -343,6 +388,29 @@ mod tests {
         let mut block = vec![0xffu8; 4096];
         sb.encode(&mut block);
         assert_eq!(Superblock::decode(&block).unwrap(), sb);
+    }
+
+    /// `fingerprint_hash` at 368: zero (every cache formatted before the field) is CRC-32C,
+    /// one XXH3, anything else refused by name.
+    #[test]
+    fn the_fingerprint_hash_field() {
+        let with = |value: u32| {
+            let mut block = vec![0u8; 4096];
+            sample().encode(&mut block);
+            block[368..372].copy_from_slice(&value.to_le_bytes());
+            let crc = crate::checksum(&block[4..SUPERBLOCK_SIZE]);
+            block[..4].copy_from_slice(&crc.to_le_bytes());
+            Superblock::decode(&block)
+        };
+        assert_eq!(with(0).unwrap().fingerprint_hash, FingerprintHash::Crc32c);
+        assert_eq!(with(1).unwrap().fingerprint_hash, FingerprintHash::Xxh3);
+        let e = with(2).unwrap_err();
+        assert!(matches!(&e, FormatError::Invalid { field: "fingerprint_hash", .. }), "{e}");
+        let mut old = sample();
+        old.fingerprint_hash = FingerprintHash::Crc32c;
+        let mut block = vec![0u8; 4096];
+        old.encode(&mut block);
+        assert_eq!(&block[368..SUPERBLOCK_SIZE], &[0u8; SUPERBLOCK_SIZE - 368][..], "as caches before the field");
     }
 
     #[test]

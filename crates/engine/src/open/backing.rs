@@ -4,23 +4,28 @@
 use crate::error::{EngineError, Result};
 use crate::volume::Recovered;
 use tiercache_device::{AlignedBuf, BlockDevice};
-use tiercache_format::{checksum, fingerprint_blocks, Superblock, FINGERPRINT_BLOCKS};
+use tiercache_format::{fingerprint_blocks, FingerprintHash, Superblock, FINGERPRINT_BLOCKS};
 
-/// The CRCs of the backing device's fingerprint blocks (`Superblock::fingerprint_blocks`).
-pub(super) fn backing_fingerprints(backing: &dyn BlockDevice, block_size: u32) -> Result<[u32; FINGERPRINT_BLOCKS]> {
+/// The fingerprints of the backing device's fingerprint blocks (`Superblock::fingerprint_blocks`),
+/// hashed by `hash`.
+pub(super) fn backing_fingerprints(
+    backing: &dyn BlockDevice,
+    block_size: u32,
+    hash: FingerprintHash,
+) -> Result<[u32; FINGERPRINT_BLOCKS]> {
     let bs = u64::from(block_size);
     let mut block = AlignedBuf::new(block_size as usize);
     let mut crcs = [0u32; FINGERPRINT_BLOCKS];
     for (crc, b) in crcs.iter_mut().zip(fingerprint_blocks(backing.size_bytes() / bs * bs, block_size)) {
         backing.read_at(b * bs, &mut block).map_err(EngineError::backing)?;
-        *crc = checksum(&block);
+        *crc = hash.of(&block);
     }
     Ok(crcs)
 }
 
 /// Checks that `backing` is the device this cache was formatted for: its size, the stable
-/// identity the kernel reports (where both sides have one), and the CRCs of its fingerprint
-/// blocks (kept current by write-back). A mismatch names what differs.
+/// identity the kernel reports (where both sides have one), and the fingerprints of its
+/// fingerprint blocks (kept current by write-back). A mismatch names what differs.
 pub(super) fn check_backing(sb: &Superblock, recovered: &Recovered, backing: &dyn BlockDevice) -> Result<()> {
     let index = &recovered.index;
     let formatted_for = if sb.backing_path.is_empty() { "unrecorded".to_string() } else { sb.backing_path.clone() };
@@ -42,7 +47,7 @@ pub(super) fn check_backing(sb: &Superblock, recovered: &Recovered, backing: &dy
             return Err(wrong(format!("its device identity is {id}, the cache was formatted for {}", sb.backing_id)));
         }
     }
-    let crcs = backing_fingerprints(backing, sb.layout.block_size)?;
+    let crcs = backing_fingerprints(backing, sb.layout.block_size, sb.fingerprint_hash)?;
     for ((f, crc), block) in sb.backing_fingerprints.iter().zip(crcs).zip(sb.fingerprint_blocks()) {
         // A crash while a fingerprint block was being written back can leave it torn
         // (matching neither CRC); the cache then still holds it dirty and rewrites it.
@@ -52,9 +57,10 @@ pub(super) fn check_backing(sb: &Superblock, recovered: &Recovered, backing: &dy
             && (index.get(block).is_some_and(|e| e.dirty) || recovered.lost.iter().any(|&(b, _, _)| b == block));
         if crc != f.crc && Some(crc) != f.next && !in_flight {
             return Err(wrong(format!(
-                "its block {block} (bytes {}..{}) has checksum {crc:#010x}, the cache expects {:#010x}",
+                "its block {block} (bytes {}..{}) has fingerprint {crc:#010x} ({}), the cache expects {:#010x}",
                 block * u64::from(sb.layout.block_size),
                 (block + 1) * u64::from(sb.layout.block_size),
+                sb.fingerprint_hash.name(),
                 f.crc
             )));
         }

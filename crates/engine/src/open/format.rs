@@ -5,7 +5,9 @@ use super::backing::backing_fingerprints;
 use crate::error::{EngineError, Result};
 use tiercache_device::{AlignedBuf, BlockDevice};
 use tiercache_format::constants::*;
-use tiercache_format::{checksum, uuid_low64, CheckpointHeader, Fingerprint, Layout, Superblock, VolumeMode};
+use tiercache_format::{
+    checksum, uuid_low64, CheckpointHeader, Fingerprint, FingerprintHash, Layout, Superblock, VolumeMode,
+};
 
 /// How to format a cache device.
 #[derive(Debug, Clone)]
@@ -111,8 +113,9 @@ fn new_superblock(
         mode: VolumeMode::WriteBack,
         // `check_options` refused a size that is not a multiple of the block size.
         backing_size_bytes: backing.size_bytes(),
-        backing_fingerprints: backing_fingerprints(backing, options.block_size)?
+        backing_fingerprints: backing_fingerprints(backing, options.block_size, FingerprintHash::Xxh3)?
             .map(|crc| Fingerprint { crc, next: None }),
+        fingerprint_hash: FingerprintHash::Xxh3,
         dirty_low_permille: options.dirty_low_permille,
         dirty_high_permille: options.dirty_high_permille,
         created_unix_secs: options.created_unix_secs,

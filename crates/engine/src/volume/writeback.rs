@@ -510,19 +510,20 @@ impl Volume {
         keep: &[bool],
     ) -> Result<Option<[Option<u32>; FINGERPRINT_BLOCKS]>> {
         let bs = self.bs;
-        let fingerprint_blocks = self.superblock().fingerprint_blocks();
+        let sb = self.superblock();
+        let fingerprint_blocks = sb.fingerprint_blocks();
         let mut new_fingerprints = [None; FINGERPRINT_BLOCKS];
         for (i, p) in blocks.iter().enumerate() {
             for (f, &fb) in fingerprint_blocks.iter().enumerate() {
                 if keep[i] && p.block == fb {
-                    new_fingerprints[f] = Some(checksum(&data[i * bs..(i + 1) * bs]));
+                    new_fingerprints[f] = Some(sb.fingerprint_hash.of(&data[i * bs..(i + 1) * bs]));
                 }
             }
         }
         if !new_fingerprints.iter().any(Option::is_some) {
             return Ok(None);
         }
-        let mut sb = self.superblock();
+        let mut sb = sb;
         for (f, new) in new_fingerprints.iter().enumerate() {
             if new.is_some() {
                 sb.backing_fingerprints[f].next = *new;
