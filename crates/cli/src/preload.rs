@@ -76,6 +76,8 @@ pub fn preload_cmd(args: PreloadArgs) -> Result<()> {
             .endpoints
             .iter()
             .filter_map(|e| e.strip_prefix("FUSE "))
+            // "FUSE PATH (TRANSPORT)": the path without the transport the server names after it.
+            .map(|e| e.strip_suffix(')').and_then(|e| e.rsplit_once(" (")).map_or(e, |(path, _)| path))
             .filter_map(|p| std::fs::canonicalize(p).ok())
             .collect();
         for f in &args.files {

@@ -509,7 +509,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let server = Arc::new(ServerInfo {
         pid: std::process::id(),
         started: std::time::Instant::now(),
-        endpoints: endpoints.clone(),
+        endpoints: std::sync::Mutex::new(endpoints.clone()),
         control: control_path.clone(),
         nbd_clients: Arc::clone(&config.connections),
         samples: std::sync::Mutex::new(std::collections::VecDeque::new()),
@@ -537,7 +537,11 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     }
     let mut fuse_session = match &args.fuse {
         Some(dir) => {
-            Some(mount_fuse(&backend, dir, args.fuse_transport.unwrap_or(FuseTransport::Auto), &mut endpoints)?)
+            let session =
+                mount_fuse(&backend, dir, args.fuse_transport.unwrap_or(FuseTransport::Auto), &mut endpoints)?;
+            // (`status` lists it, and `preload` of a file finds the FUSE file there.)
+            *server.endpoints.lock().expect("endpoints") = endpoints.clone();
+            Some(session)
         }
         None => None,
     };
@@ -775,7 +779,8 @@ fn preload(w: &UnixStream, volume: &Volume, ranges: &[(u64, u64)]) -> control::P
 struct ServerInfo {
     pid: u32,
     started: std::time::Instant,
-    endpoints: Vec<String>,
+    /// Where the volume is served; the FUSE file joins once mounted, after the rest started.
+    endpoints: std::sync::Mutex<Vec<String>>,
     control: PathBuf,
     nbd_clients: Arc<std::sync::atomic::AtomicUsize>,
     samples: std::sync::Mutex<std::collections::VecDeque<Sample>>,
@@ -844,7 +849,7 @@ impl ServerInfo {
         ServerReport {
             pid: self.pid,
             uptime_seconds: self.started.elapsed().as_secs(),
-            endpoints: self.endpoints.clone(),
+            endpoints: self.endpoints.lock().expect("endpoints").clone(),
             control_socket: self.control.display().to_string(),
             nbd_clients: self.nbd_clients.load(Ordering::Relaxed),
             rates_10s: rates(10),

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{p, sigterm, tiercache_cmd, TempVolume};
+use common::{ok_json, p, sigterm, tiercache_cmd, TempVolume};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
@@ -99,6 +99,40 @@ fn ext4_on_loop_on_the_fuse_file_survives_sigkill_of_the_server_through_io_uring
     if common::enable_fuse_uring() {
         survives_sigkill("io-uring", "io_uring");
     }
+}
+
+/// `tiercache preload FILE` of a file on ext4 on the FUSE file, the way the README and
+/// bench/preload-bench.sh use it: `status` lists the FUSE file among the endpoints (it was left
+/// out, and `preload` then refused the file: "the server serves no FUSE file", a new-user
+/// audit, 2026-11-30), and the file's blocks are preloaded.
+#[test]
+fn a_file_on_ext4_on_the_fuse_file_is_preloaded_by_name() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test mounts file systems: run it as root (CI does)");
+    let vol = TempVolume::created(256 << 20, "64M");
+    for d in ["fuse", "ext"] {
+        std::fs::create_dir(vol.path(d)).unwrap();
+    }
+    let mut st = Stack { vol, transport: "dev", server: None, loop_dev: None, mounted: false };
+    st.start_server();
+    st.attach_and_mount(true);
+    let table = st.path("ext/table.ibd");
+    run("dd", &["if=/dev/urandom", &format!("of={}", p(&table)), "bs=1M", "count=4", "conv=fsync", "status=none"]);
+    let cache = p(&st.vol.cache).to_string();
+    let status = ok_json(&["status", "--cache", &cache, "--json"]);
+    let fuse = format!("FUSE {}", p(&st.path("fuse/volume")));
+    assert!(
+        status["server"]["endpoints"].as_array().unwrap().iter().any(|e| e.as_str().unwrap().starts_with(&fuse)),
+        "no {fuse} among the endpoints: {status}"
+    );
+    let out = ok_json(&["preload", "--cache", &cache, p(&table), "--json"]);
+    assert_eq!(out["bytes"], 4 << 20, "{out}");
+    let status = ok_json(&["status", "--cache", &cache, "--json"]);
+    assert!(status["counters"]["preloaded_blocks"].as_u64().unwrap() >= 1024, "{status}");
+    st.unmount_and_detach();
+    let mut c = st.server.take().unwrap();
+    sigterm(&c);
+    assert!(c.wait().unwrap().success());
 }
 
 /// The whole story with the server's FUSE requests coming `--fuse-transport TRANSPORT`; its
