@@ -73,7 +73,7 @@ enum Command {
     Status(volume_cmds::StatusArgs),
     /// Check a cache offline: log chain, every block's checksum, clean blocks against backing.
     Check(volume_cmds::CheckArgs),
-    /// Serve the volume over NBD and/or FUSE until SIGTERM (`status` works meanwhile).
+    /// Serve the volume over NBD, FUSE and/or ublk until SIGTERM (`status` works meanwhile).
     Serve(serve::ServeArgs),
     /// Write every dirty block back; afterwards the backing device alone holds all data.
     Flush(volume_cmds::FlushArgs),

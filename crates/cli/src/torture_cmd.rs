@@ -54,7 +54,8 @@ pub struct TortureArgs {
     ops: Option<u64>,
     /// Break the engine on purpose, to see the simulator catch it: flush-skips-cache-flush,
     /// reclaim-skips-marker-flush, destage-skips-backing-flush, mark-clean-by-slot,
-    /// lost-in-ram-only or no-recovery-epoch (never on real devices: the simulator only).
+    /// lost-in-ram-only, no-recovery-epoch, write-around-skips-backing-flush or
+    /// flush-ignores-record-pipeline (never on real devices: the simulator only).
     #[arg(long, value_parser = parse_sabotage)]
     sabotage: Option<Sabotage>,
     /// Print the result as JSON (for scripts) instead of text.
@@ -324,4 +325,19 @@ pub fn torture_cmd(args: TortureArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    /// `--sabotage`'s help names every variant the simulator knows (it named 6 of 8).
+    #[test]
+    fn the_help_names_every_sabotage() {
+        use clap::Args;
+        let cmd = super::TortureArgs::augment_args(clap::Command::new("torture"));
+        let arg = cmd.get_arguments().find(|a| a.get_id() == "sabotage").expect("--sabotage");
+        let help = arg.get_help().expect("a help text").to_string();
+        for s in tiercache_engine::Sabotage::ALL {
+            assert!(help.contains(s.name()), "--sabotage's help leaves out {}: {help}", s.name());
+        }
+    }
 }
