@@ -102,6 +102,36 @@ fn article(word: &str) -> &'static str {
     }
 }
 
+/// A cache device with no tiercache superblock, explained for the command that met it:
+/// whether `backing` (the other device the command was given, opened, and its path) holds the
+/// cache, as when --cache and --backing are swapped, and else what the cache device holds
+/// instead (a file system there means the wrong device was named, not a device to format).
+/// Any other error is returned as it was.
+pub fn explain_not_a_cache(
+    e: anyhow::Error,
+    cache: &Path,
+    backing: Option<(&Path, &dyn BlockDevice)>,
+) -> anyhow::Error {
+    if !matches!(e.downcast_ref::<EngineError>(), Some(EngineError::NotFormatted { .. })) {
+        return e;
+    }
+    if let Some((path, _)) = backing.filter(|(_, dev)| read_superblock(*dev).is_ok()) {
+        return anyhow::anyhow!(
+            "cache device {} is not a tiercache cache, and backing device {} is one: are --cache and --backing swapped?",
+            cache.display(),
+            path.display()
+        );
+    }
+    match blkid(cache) {
+        Ok(found @ Contents::Foreign { .. }) => anyhow::anyhow!(
+            "cache device {} is not a tiercache cache: it holds {}; is it the device you meant? (`tiercache create` would format it and destroy that)",
+            cache.display(),
+            found.describe()
+        ),
+        _ => e,
+    }
+}
+
 /// Dirty blocks in a tiercache cache, read without writing anything (recovery in RAM).
 pub fn dirty_blocks(cache: Arc<dyn BlockDevice>) -> Result<u64> {
     let volume = Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?;

@@ -30,7 +30,7 @@ Examples:
   tiercache serve --config /etc/tiercache/db.toml --dirty-high 50      (a flag overrides the file)
   tiercache serve --passthrough /dev/nvme0n1p1 --nbd unix:/run/raw.sock (no cache: a baseline)
   tiercache serve --cache /dev/nvme0n1p1 --backing /dev/md0 --ublk --ublk-id 0   (/dev/ublkb0)
-  qemu-io -f raw nbd+unix:///tiercache?socket=/run/tc.sock -c 'write -P 0xab 0 64k'
+  qemu-io -f raw -r 'nbd+unix:///tiercache?socket=/run/tc.sock' -c 'read -v 0 512'   (read-only)
 
 A config file is TOML with the flags' names as keys, e.g.:
   cache = \"/dev/nvme0n1p1\"
@@ -44,8 +44,9 @@ Under systemd (Type=notify) it reports READY=1 once recovered and serving.
 `tiercache status` and `tiercache flush` work while this runs (through the control socket).")]
 pub struct ServeArgs {
     /// A TOML file with any of the settings below (keys: cache, backing, nbd, fuse,
-    /// fuse_transport, export_name, control, metrics, dirty_low, dirty_high); flags given as
-    /// well override it.
+    /// fuse_transport, export_name, control, metrics, record_trace, sequential_bypass, eviction,
+    /// dirty_low, dirty_high; ublk and passthrough are flags only); flags given as well
+    /// override it.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// The cache device: PATH, or emulated:PROFILE:PATH.
@@ -455,11 +456,14 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         tiercache_ublk::check_driver()?;
     }
     notify(&[NotifyState::Status("opening the devices and recovering the volume")]);
-    let cache = DeviceSpec::parse(&cache_spec)?.open("cache")?;
-    let backing = DeviceSpec::parse(&backing_spec)?.open("backing")?;
+    let (cache_device, backing_device) = (DeviceSpec::parse(&cache_spec)?, DeviceSpec::parse(&backing_spec)?);
+    let cache = cache_device.open("cache")?;
+    let backing = backing_device.open("backing")?;
     let (listeners, bound): (Vec<_>, Vec<_>) =
         args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
-    let sb = tiercache_engine::read_superblock(&*cache)?;
+    let sb = tiercache_engine::read_superblock(&*cache).map_err(|e| {
+        crate::safety::explain_not_a_cache(e.into(), &cache_device.path, Some((&backing_device.path, &*backing)))
+    })?;
     let options = VolumeOptions {
         dirty_watermarks_permille: args.watermarks(sb.dirty_low_permille, sb.dirty_high_permille)?,
         sequential_bypass_bytes: args.sequential_bypass.unwrap_or(tiercache_engine::constants::SEQUENTIAL_BYPASS_BYTES),

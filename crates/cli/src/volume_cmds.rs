@@ -64,6 +64,18 @@ pub fn create_cmd(args: CreateArgs) -> Result<()> {
     let cache_spec = DeviceSpec::parse(&args.cache)?;
     let backing_spec = DeviceSpec::parse(&args.backing)?;
     let backing = backing_spec.open("backing")?;
+    // Options checked before anything is created: a cache file of --cache-size is written in
+    // full, which for a large one takes minutes.
+    if !args.block_size.is_power_of_two() || !(4096..=65536).contains(&args.block_size) {
+        bail!("--block-size {} is not a power of two from 4096 to 65536", args.block_size);
+    }
+    if args.dirty_low > args.dirty_high {
+        bail!(
+            "--dirty-low {} % is above --dirty-high {} %: write-back starts above the high watermark and stops at the low one",
+            f64::from(args.dirty_low) / 10.0,
+            f64::from(args.dirty_high) / 10.0
+        );
+    }
     if !args.segment_size.is_multiple_of(u64::from(args.block_size)) {
         bail!("--segment-size {} is not a multiple of --block-size {}", args.segment_size, args.block_size);
     }
@@ -276,7 +288,12 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         Ok(if compact { format!("{v}\n") } else { format!("{}\n", serde_json::to_string_pretty(v)?) })
     };
     let (s, server) = match spec.open_read_only("cache") {
-        Ok(cache) => (Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))?.status(), None),
+        Ok(cache) => (
+            Volume::inspect(cache, None, Arc::new(MonotonicClock::new()))
+                .map_err(|e| safety::explain_not_a_cache(e.into(), spec.path(), None))?
+                .status(),
+            None,
+        ),
         Err(e) if is_locked(&e) => {
             // A server holds the device: ask it.
             let socket = args.target.socket(&spec)?;
@@ -523,7 +540,14 @@ pub fn check_cmd(args: CheckArgs) -> Result<()> {
         }
         Err(e) => return Err(e),
     };
-    let volume = Volume::inspect(cache, Some(backing), Arc::new(MonotonicClock::new()))?;
+    let volume = Volume::inspect(Arc::clone(&cache), Some(Arc::clone(&backing)), Arc::new(MonotonicClock::new()))
+        .map_err(|e| {
+            let (c, b) = (DeviceSpec::parse(&args.devices.cache), DeviceSpec::parse(&args.devices.backing));
+            match (c, b) {
+                (Ok(c), Ok(b)) => safety::explain_not_a_cache(e.into(), &c.path, Some((&b.path, &*backing))),
+                _ => e.into(),
+            }
+        })?;
     let pb = progress("checking", args.json);
     let report = volume.verify(true, |done, total| {
         pb.set_length(total);
@@ -586,15 +610,18 @@ pub fn flush_cmd(args: FlushArgs) -> Result<()> {
     let backing_spec = match &args.backing {
         Some(b) => b.clone(),
         None => {
-            let sb = read_superblock(&*cache)?;
+            let sb = read_superblock(&*cache).map_err(|e| safety::explain_not_a_cache(e.into(), spec.path(), None))?;
             if sb.backing_path.is_empty() {
                 bail!("{} does not record its backing device; name it with --backing", spec.path().display());
             }
             sb.backing_path.clone()
         }
     };
-    let backing = DeviceSpec::parse(&backing_spec)?.open("backing")?;
-    let (volume, _) = Volume::open(cache, backing, Arc::new(MonotonicClock::new()), VolumeOptions::default())?;
+    let backing_device = DeviceSpec::parse(&backing_spec)?;
+    let backing = backing_device.open("backing")?;
+    let (volume, _) =
+        Volume::open(cache, Arc::clone(&backing), Arc::new(MonotonicClock::new()), VolumeOptions::default())
+            .map_err(|e| safety::explain_not_a_cache(e.into(), spec.path(), Some((&backing_device.path, &*backing))))?;
     let dirty = volume.status().dirty_blocks;
     let pb = progress("writing back", args.json);
     pb.set_length(dirty);

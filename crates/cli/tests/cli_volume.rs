@@ -88,6 +88,14 @@ fn create_refuses_bad_input_and_writes_nothing() {
     fails_with(&["create", "--cache", p(&f.cache), "--backing", p(&f.backing)], "give --cache-size");
     fails_with(&["create", "--cache", p(&f.cache), "--cache-size", "1M", "--backing", p(&f.backing)], "too small");
     assert!(!f.cache.exists());
+    // Refused before the file is created (it would be written in full first), in the units given.
+    let sized = ["create", "--cache", p(&f.cache), "--cache-size", "32M", "--backing", p(&f.backing)];
+    fails_with(
+        &[&sized[..], &["--dirty-low", "80", "--dirty-high", "20"]].concat(),
+        "--dirty-low 80 % is above --dirty-high 20 %",
+    );
+    fails_with(&[&sized[..], &["--block-size", "1000"]].concat(), "--block-size 1000 is not a power of two");
+    assert!(!f.cache.exists(), "a cache file was created for bad options");
     usage_error(
         &["create", "--cache", p(&f.cache), "--cache-size", "lots", "--backing", p(&f.backing)],
         "is not a size",
@@ -351,4 +359,37 @@ fn status_and_check_read_a_read_only_copy_of_a_cache() {
     assert_eq!((before, backing_before), (sha(&copy), sha(&backing_copy)), "check changed a read-only copy");
     // Writing commands still refuse it, by name.
     fails_with(&["flush", "--cache", p(&copy), "--backing", p(&f.backing)], "no write permission");
+}
+
+/// A device that is not a cache, named as the cache to the commands that open one (a new-user
+/// audit, 2026-11-30: each answered "format it with `tiercache create`", for a file system and
+/// for the backing device given in the cache's place alike): a file system there is named and
+/// no format is suggested; swapped arguments are named as such; nothing changes.
+#[test]
+fn a_data_device_named_as_the_cache_is_named_not_offered_for_formatting() {
+    let f = created();
+    let fs = f.cache.with_file_name("fs.img");
+    std::fs::File::create(&fs).unwrap().set_len(32 << 20).unwrap();
+    let mkfs = Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&fs).status().expect("mkfs.ext4 (e2fsprogs)");
+    assert!(mkfs.success());
+    let before = (std::fs::read(&f.cache).unwrap(), std::fs::read(&f.backing).unwrap(), std::fs::read(&fs).unwrap());
+    let (cache, backing, fs) = (p(&f.cache), p(&f.backing), p(&fs));
+    let sock = f.path("s.sock");
+    let nbd = format!("unix:{}", p(&sock));
+    for args in [
+        vec!["status", "--cache", fs],
+        vec!["flush", "--cache", fs],
+        vec!["flush", "--cache", fs, "--backing", backing],
+        vec!["check", "--cache", fs, "--backing", backing],
+        vec!["serve", "--cache", fs, "--backing", backing, "--nbd", &nbd],
+    ] {
+        let out = fails_with(&args, "it holds an ext4 file system; is it the device you meant?");
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("format it with"), "{args:?}");
+    }
+    for cmd in ["flush", "check"] {
+        fails_with(&[cmd, "--cache", backing, "--backing", cache], "are --cache and --backing swapped?");
+    }
+    fails_with(&["serve", "--cache", backing, "--backing", cache, "--nbd", &nbd], "are --cache and --backing swapped?");
+    let after = (std::fs::read(&f.cache).unwrap(), std::fs::read(&f.backing).unwrap(), std::fs::read(fs).unwrap());
+    assert!(before == after, "a refused command changed a device");
 }
