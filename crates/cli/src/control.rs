@@ -190,6 +190,18 @@ impl CacheArgs {
     pub fn socket(&self, spec: &DeviceSpec) -> Result<PathBuf> {
         socket_of(spec, self.control.as_deref())
     }
+
+    /// The device is in use and `socket` did not answer: which socket was tried and, if it was
+    /// the default one, that a server started with `--control PATH` is asked through the same
+    /// `--control PATH`.
+    pub fn unanswered(&self, spec: &DeviceSpec, socket: &Path) -> String {
+        let hint = if self.control.is_none() {
+            " (its default control socket; a server started with --control PATH answers on that PATH: give it with --control)"
+        } else {
+            ""
+        };
+        format!("{} is in use, but no tiercache server answers on {}{hint}", spec.path().display(), socket.display())
+    }
 }
 
 /// Asks a running server to write back everything dirty, calling `progress(done, remaining)`

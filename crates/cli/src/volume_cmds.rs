@@ -297,9 +297,7 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         Err(e) if is_locked(&e) => {
             // A server holds the device: ask it.
             let socket = args.target.socket(&spec)?;
-            let reply = control::query_status(&socket).with_context(|| {
-                format!("{} is in use, but no tiercache server answers on its control socket", spec.path().display())
-            })?;
+            let reply = control::query_status(&socket).with_context(|| args.target.unanswered(&spec, &socket))?;
             if args.json {
                 return print_json(&serde_json::to_value(&reply)?);
             }
@@ -634,12 +632,17 @@ pub fn flush_cmd(args: FlushArgs) -> Result<()> {
 /// `flush` of a served volume: the server does it, this process shows its progress.
 fn flush_online(args: &FlushArgs, spec: &DeviceSpec, started: std::time::Instant) -> Result<()> {
     let socket = args.target.socket(spec)?;
+    if !socket.exists() {
+        bail!("{}", args.target.unanswered(spec, &socket));
+    }
     let pb = progress("writing back", args.json);
     let written = control::request_flush(&socket, |done, remaining| {
         pb.set_length(done + remaining);
         pb.set_position(done);
     })
-    .with_context(|| format!("{} is served; its server was asked to write back", spec.path().display()))?;
+    .with_context(|| {
+        format!("{} is served; asking its server to write back through {}", spec.path().display(), socket.display())
+    })?;
     pb.finish_and_clear();
     let dirty = control::query_status(&socket).map(|reply| reply.volume.dirty_blocks);
     report_flush(args, written, dirty.unwrap_or(0), started, true)

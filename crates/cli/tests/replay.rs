@@ -212,3 +212,30 @@ fn preload_loads_a_range_through_the_control_socket() {
     sigterm(&child);
     assert!(child.wait().unwrap().success());
 }
+
+/// A server started with `--control PATH`, asked without it (a new-user audit, 2026-11-30:
+/// `status` said no server answered "on its control socket" without naming it, and `flush`
+/// claimed the server "was asked to write back"): both name the socket they tried and point at
+/// --control; a second `serve` of the volume names the process holding it.
+#[test]
+fn commands_that_miss_a_servers_own_control_socket_say_which_they_tried() {
+    let vol = TempVolume::created(64 << 20, "16M");
+    let sock = vol.path("nbd.sock");
+    let control = vol.path("control.sock");
+    let (mut child, _uri) = serve(&vol, &sock, &["--control", p(&control)]);
+    let cache = p(&vol.cache);
+    for cmd in ["status", "flush"] {
+        let out = fails_with(&[cmd, "--cache", cache], "is in use, but no tiercache server answers on /");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("give it with --control") && !stderr.contains("was asked"), "{cmd}: {stderr}");
+    }
+    ok_json(&["status", "--cache", cache, "--control", p(&control), "--json"]);
+    let other = vol.path("other.sock");
+    let second =
+        tiercache(&["serve", "--cache", cache, "--backing", p(&vol.backing), "--nbd", &format!("unix:{}", p(&other))]);
+    let stderr = String::from_utf8_lossy(&second.stderr);
+    assert!(!second.status.success());
+    assert!(stderr.contains(&format!("its lock is held by pid {} (tiercache serve)", child.id())), "{stderr}");
+    sigterm(&child);
+    assert!(child.wait().unwrap().success());
+}

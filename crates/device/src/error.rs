@@ -23,8 +23,9 @@ pub enum DeviceError {
         path.display()
     )]
     MisalignedSize { path: PathBuf, size_bytes: u64, block_size: u32 },
-    #[error("{}: is already open by another process or another tiercache device (its lock is held)", path.display())]
-    AlreadyOpen { path: PathBuf },
+    #[error("{}: is already open by another process or another tiercache device (its lock is held{})", path.display(),
+        holder.map(|pid| format!(" by pid {pid}{}", process_name(pid))).unwrap_or_default())]
+    AlreadyOpen { path: PathBuf, holder: Option<u32> },
     #[error("{}: the file system does not support O_DIRECT (tmpfs?); use a file on ext4/xfs or a block device", path.display())]
     DirectIoUnsupported { path: PathBuf },
     #[error("{}: {op} failed: {source}", path.display())]
@@ -57,4 +58,27 @@ impl DeviceError {
             DeviceError::UnknownProfile { .. } => libc::EINVAL,
         }
     }
+}
+
+/// ": tiercache serve ..." for a process, from its command line (nothing if it is gone).
+fn process_name(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .ok()
+        .map(|c| {
+            c.split(|&b| b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+        })
+        .filter(|args| !args.is_empty())
+        .map(|args| {
+            let name = std::path::Path::new(&args[0])
+                .file_name()
+                .map_or(args[0].clone(), |n| n.to_string_lossy().into_owned());
+            format!(
+                " ({})",
+                std::iter::once(name).chain(args.into_iter().skip(1).take(1)).collect::<Vec<_>>().join(" ")
+            )
+        })
+        .unwrap_or_default()
 }

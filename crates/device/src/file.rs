@@ -110,7 +110,10 @@ impl FileDevice {
             if rc != 0 {
                 let e = io::Error::last_os_error();
                 return Err(match e.raw_os_error() {
-                    Some(libc::EWOULDBLOCK) => DeviceError::AlreadyOpen { path },
+                    Some(libc::EWOULDBLOCK) => {
+                        let holder = lock_holder(&file);
+                        DeviceError::AlreadyOpen { path, holder }
+                    }
                     _ => DeviceError::Io { path, op: "flock", source: e },
                 });
             }
@@ -597,6 +600,21 @@ fn block_device_identity(meta: &std::fs::Metadata) -> Option<String> {
     })
 }
 
+/// The process holding the `flock` on `file`'s inode, from /proc/locks (a FLOCK line's pid and
+/// its device "MAJ:MIN:INODE", the numbers in hex, hex and decimal); None where it cannot tell.
+fn lock_holder(file: &File) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let m = file.metadata().ok()?;
+    let (major, minor) = (libc::major(m.dev()), libc::minor(m.dev()));
+    let id = format!("{major:02x}:{minor:02x}:{}", m.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // "1: FLOCK  ADVISORY  WRITE 4242 fd:01:1234 0 EOF" ("->" marks a waiter).
+        (f.get(1) == Some(&"FLOCK") && f.get(5) == Some(&id.as_str())).then(|| f.get(4)?.parse().ok()).flatten()
+    })
+}
+
 // ioctl numbers from <linux/fs.h>; libc does not export them.
 const BLKSSZGET: libc::c_ulong = 0x1268;
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
@@ -742,6 +760,10 @@ mod tests {
         let first = FileDevice::open_with(&p, opts).unwrap();
         let e = FileDevice::open_with(&p, opts).unwrap_err();
         assert!(matches!(e, DeviceError::AlreadyOpen { .. }), "{e}");
+        // The holder named (/proc/locks): this process, by its pid and name.
+        let pid = std::process::id();
+        assert!(matches!(e, DeviceError::AlreadyOpen { holder: Some(h), .. } if h == pid), "{e}");
+        assert!(e.to_string().contains(&format!("its lock is held by pid {pid} (")), "{e}");
         assert_eq!(e.errno(), libc::EBUSY);
         drop(first);
         FileDevice::open_with(&p, opts).unwrap();

@@ -74,7 +74,7 @@ mod tests {
             (DeviceError::ReadOnly { path: path(), reason: "mode".into() }, libc::EROFS),
             (DeviceError::Empty { path: path(), hint: String::new() }, libc::EINVAL),
             (DeviceError::MisalignedSize { path: path(), size_bytes: 1000, block_size: 512 }, libc::EINVAL),
-            (DeviceError::AlreadyOpen { path: path() }, libc::EBUSY),
+            (DeviceError::AlreadyOpen { path: path(), holder: None }, libc::EBUSY),
             (DeviceError::DirectIoUnsupported { path: path() }, libc::EINVAL),
             // An I/O error is answered with the errno the kernel gave, EIO if it gave none.
             (io_error("pwrite", io::Error::from_raw_os_error(libc::EIO)), libc::EIO),
