@@ -45,7 +45,7 @@ Start here:
   tiercache create --cache FAST --backing SLOW [--cache-size 16G]
   tiercache status --cache FAST          what the cache holds, how dirty it is, its hit ratio
   tiercache flush --cache FAST --backing SLOW   write everything back (then SLOW alone is complete)
-  tiercache torture --cycles 10000       the crash simulator
+  tiercache torture --seeds 20           the crash simulator (about 10 s; --help for more)
 
 A DEVICE is a file or block device path, or emulated:PROFILE:PATH for a file with the timing
 of optane, nvme, sata-raid5, hdd or usb-disk. `tiercache <COMMAND> --help` has examples.")]

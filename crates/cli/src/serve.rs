@@ -275,6 +275,33 @@ fn bind_unix(path: &Path) -> Result<UnixListener> {
 
 /// Binds an NBD endpoint; returns the listener and the endpoint as bound (tcp:0 becomes the
 /// port the kernel chose, so that it can be told).
+/// Binds every NBD endpoint: the listeners, what each is shown as, and the Unix socket files
+/// made (removed when that guard drops: at the end of serving, or when anything after the
+/// binding fails, so a server that did not come up leaves no socket behind).
+fn bind_endpoints(endpoints: &[String]) -> Result<(Vec<tiercache_nbd::Listener>, Vec<String>, SocketFiles)> {
+    let (mut listeners, mut shown, mut files) = (Vec::new(), Vec::new(), SocketFiles(Vec::new()));
+    for e in endpoints {
+        let (l, s) = parse_endpoint(e)?;
+        if let Some(path) = e.strip_prefix("unix:") {
+            files.0.push(PathBuf::from(path));
+        }
+        listeners.push(l);
+        shown.push(s);
+    }
+    Ok((listeners, shown, files))
+}
+
+/// Unix socket files this server made, removed on drop.
+struct SocketFiles(Vec<PathBuf>);
+
+impl Drop for SocketFiles {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
 fn parse_endpoint(e: &str) -> Result<(tiercache_nbd::Listener, String)> {
     if let Some(path) = e.strip_prefix("unix:") {
         return Ok((tiercache_nbd::Listener::Unix(bind_unix(Path::new(path))?), e.to_string()));
@@ -384,8 +411,7 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
         check_mount_dir(dir)?;
     }
     let dev = DeviceSpec::parse(spec)?.open("passthrough")?;
-    let (listeners, mut endpoints): (Vec<_>, Vec<_>) =
-        args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
+    let (listeners, mut endpoints, _socket_files) = bind_endpoints(&args.nbd)?;
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT] {
         signal_hook::flag::register(sig, Arc::clone(&stop)).context("installing signal handlers")?;
@@ -430,11 +456,6 @@ fn passthrough_cmd(spec: &str, args: &ServeArgs) -> Result<()> {
             tracing::warn!(error = %e, "NBD listener");
         }
     }
-    for e in &args.nbd {
-        if let Some(p) = e.strip_prefix("unix:") {
-            let _ = std::fs::remove_file(p);
-        }
-    }
     Ok(())
 }
 
@@ -459,8 +480,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let (cache_device, backing_device) = (DeviceSpec::parse(&cache_spec)?, DeviceSpec::parse(&backing_spec)?);
     let cache = cache_device.open("cache")?;
     let backing = backing_device.open("backing")?;
-    let (listeners, bound): (Vec<_>, Vec<_>) =
-        args.nbd.iter().map(|e| parse_endpoint(e)).collect::<Result<Vec<_>>>()?.into_iter().unzip();
+    let (listeners, bound, _socket_files) = bind_endpoints(&args.nbd)?;
     let sb = tiercache_engine::read_superblock(&*cache).map_err(|e| {
         crate::safety::explain_not_a_cache(e.into(), &cache_device.path, Some((&backing_device.path, &*backing)))
     })?;
@@ -622,11 +642,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     }
     volume.shutdown().context("making everything durable at shutdown")?;
     let _ = std::fs::remove_file(&control_path);
-    for e in &args.nbd {
-        if let Some(p) = e.strip_prefix("unix:") {
-            let _ = std::fs::remove_file(p);
-        }
-    }
+    drop(_socket_files);
     eprintln!("tiercache: stopped cleanly; everything is durable");
     Ok(())
 }

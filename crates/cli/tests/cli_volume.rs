@@ -390,6 +390,8 @@ fn a_data_device_named_as_the_cache_is_named_not_offered_for_formatting() {
         fails_with(&[cmd, "--cache", backing, "--backing", cache], "are --cache and --backing swapped?");
     }
     fails_with(&["serve", "--cache", backing, "--backing", cache, "--nbd", &nbd], "are --cache and --backing swapped?");
+    // A server that did not come up leaves no socket behind (it bound it first).
+    assert!(!sock.exists(), "a refused serve left its socket {}", sock.display());
     let after = (std::fs::read(&f.cache).unwrap(), std::fs::read(&f.backing).unwrap(), std::fs::read(fs).unwrap());
     assert!(before == after, "a refused command changed a device");
 }

@@ -75,7 +75,11 @@ impl fmt::Display for ReplayStop {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
             ReplayStop::LogFull { limit } => write!(f, "the chain fills the live log (next header at or beyond {limit})"),
-            ReplayStop::NoHeader { found_magic } => write!(f, "no record header of this volume (magic {found_magic:#018x})"),
+            // (The usual end of a log: said as such, not as a fault.)
+            ReplayStop::NoHeader { found_magic: 0 } => write!(f, "the end of the log (a block never written follows)"),
+            ReplayStop::NoHeader { found_magic } => {
+                write!(f, "the end of the log (the next block is no record header of this volume: magic {found_magic:#018x})")
+            }
             ReplayStop::HeaderChecksum { stored, computed } => {
                 write!(f, "record header checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")
             }
