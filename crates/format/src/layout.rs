@@ -137,17 +137,22 @@ impl Layout {
                 format!("{} is too small for {} log blocks", self.checkpoint_area_blocks, self.log_blocks),
             );
         }
+        // (Checked sums: the fields come from disk, and a copy with huge ones that still passes
+        // its checksum is refused, never a panic.)
+        let area1 = self.checkpoint_area_start[0].checked_add(self.checkpoint_area_blocks);
+        let log = self.checkpoint_area_start[1].checked_add(self.checkpoint_area_blocks);
         if self.checkpoint_area_start[0] != SUPERBLOCK_COPIES
-            || self.checkpoint_area_start[1] != self.checkpoint_area_start[0] + self.checkpoint_area_blocks
-            || self.log_start != self.checkpoint_area_start[1] + self.checkpoint_area_blocks
+            || Some(self.checkpoint_area_start[1]) != area1
+            || Some(self.log_start) != log
         {
             return invalid("areas", format!("{self:?} overlap or leave gaps"));
         }
         if self.probation_blocks > MAX_LOG_BLOCKS {
             return invalid("probation_blocks", format!("{}", self.probation_blocks));
         }
+        let bytes = self.total_blocks.checked_mul(u64::from(self.block_size));
         match self.log_start.checked_add(self.log_blocks).and_then(|e| e.checked_add(self.probation_blocks)) {
-            Some(end) if end <= self.total_blocks => Ok(()),
+            Some(end) if end <= self.total_blocks && bytes.is_some() => Ok(()),
             _ => invalid(
                 "log_blocks",
                 format!("log and probation ring end beyond the device's {} blocks", self.total_blocks),

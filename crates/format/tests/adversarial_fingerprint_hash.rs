@@ -146,8 +146,8 @@ fn the_field_round_trips_as_the_fuzz_target_asserts() {
 /// "areas") panic instead of returning `FormatError`. The fuzz target never reaches them: it
 /// feeds raw bytes, which pass the CRC-32C check only by chance, so it barely exercises any
 /// field check past the checksum (the new field included).
-/// Failed: decode panics ("attempt to multiply with overflow", superblock.rs, and "attempt to
-/// add with overflow", layout.rs) on a checksummed superblock with a huge `total_blocks` or
+/// Failed before its fix (checked sums in `Layout::validate`): decode panicked ("attempt to
+/// multiply with overflow", superblock.rs, and "attempt to add with overflow", layout.rs) on a checksummed superblock with a huge `total_blocks` or
 /// `checkpoint_area_blocks`; `status`/`open` of such a cache device would crash, not refuse.
 #[test]
 fn decode_of_a_checksummed_copy_with_huge_layout_fields_returns_an_error() {
@@ -213,8 +213,8 @@ fn xxh3_is_the_low_half_of_the_reference_xxh3_64() {
 /// `fingerprint_flags < 16`") still describes the decode before the field: it does not say
 /// that `fingerprint_hash` is checked, nor where. The code checks it after `reserved`, so a
 /// copy with both a non-zero `reserved` and an unknown hash is refused as "reserved".
-/// Failed: the paragraph does not mention `fingerprint_hash` (docs only; the code's order is
-/// pinned by the first half, which passes).
+/// Failed before its fix: the paragraph did not mention `fingerprint_hash` (docs only; the
+/// code's order is pinned by the first half, which passes).
 #[test]
 fn the_documented_decode_order_names_the_field() {
     let mut block = with_field(2);
