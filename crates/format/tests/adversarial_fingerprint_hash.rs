@@ -147,8 +147,9 @@ fn the_field_round_trips_as_the_fuzz_target_asserts() {
 /// feeds raw bytes, which pass the CRC-32C check only by chance, so it barely exercises any
 /// field check past the checksum (the new field included).
 /// Failed before its fix (checked sums in `Layout::validate`): decode panicked ("attempt to
-/// multiply with overflow", superblock.rs, and "attempt to add with overflow", layout.rs) on a checksummed superblock with a huge `total_blocks` or
-/// `checkpoint_area_blocks`; `status`/`open` of such a cache device would crash, not refuse.
+/// multiply with overflow", superblock.rs, and "attempt to add with overflow", layout.rs) on a
+/// checksummed superblock with a huge `total_blocks` or `checkpoint_area_blocks`;
+/// `status`/`open` of such a cache device would crash, not refuse.
 #[test]
 fn decode_of_a_checksummed_copy_with_huge_layout_fields_returns_an_error() {
     let mut panicked = Vec::new();
