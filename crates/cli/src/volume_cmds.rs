@@ -317,6 +317,14 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         ("mode", s.mode.to_string()),
         ("state", s.failure.clone().map_or(s.state.to_string(), |f| format!("{}: {f}", s.state))),
         ("backing (at format)", s.backing_path.clone()),
+        (
+            "backing identified by",
+            match s.fingerprint_hash.as_str() {
+                "crc32c" => "CRC-32C of its signature blocks (made before 2026-11-30: blind to an ext4 superblock changed outside the cache; flush, then create --force, for XXH3)".to_string(),
+                "" => "-".to_string(),
+                h => format!("{} of its signature blocks", h.to_uppercase()),
+            },
+        ),
         ("cache size", HumanBytes(s.cache_size_bytes).to_string()),
         ("backing size", HumanBytes(s.backing_size_bytes).to_string()),
         ("block size", s.block_size.to_string()),

@@ -56,8 +56,10 @@ fn create_status_check_flush_life_cycle() {
     assert!(st["dirty_blocks"].as_u64().unwrap() > 0, "{st}");
     let ram = st["index_ram_bytes_per_cached_block"].as_f64().unwrap();
     assert!(ram > 0.0 && ram <= 16.0, "index RAM per cached block {ram}");
+    assert_eq!(st["fingerprint_hash"], "xxh3", "{st}");
     let human = ok(&["status", "--cache", p(&f.cache)]);
     assert!(human.contains("index RAM") && human.contains("dirty"), "{human}");
+    assert!(human.contains("backing identified by  XXH3 of its signature blocks"), "{human}");
     let check = ok_json(&["check", "--cache", p(&f.cache), "--backing", p(&f.backing), "--json"]);
     assert_eq!(check["bad_dirty_blocks"], 0);
     assert_eq!(check["clean_blocks_differing_from_backing"], 0);

@@ -52,6 +52,11 @@ pub struct Status {
     pub failure: Option<String>,
     pub uuid: String,
     pub backing_path: String,
+    /// How the backing device's fingerprint blocks are hashed: "xxh3", or "crc32c" in caches
+    /// formatted before 2026-11-30 (blind to an ext4 superblock changed outside the cache:
+    /// docs/format.md 3). Empty from a server before the field.
+    #[serde(default)]
+    pub fingerprint_hash: String,
     pub block_size: u32,
     pub cache_size_bytes: u64,
     pub log_bytes: u64,

@@ -76,6 +76,7 @@ impl Volume {
             next_sequence: st.next_seq,
             counters: c,
             backing_path: sb.backing_path,
+            fingerprint_hash: sb.fingerprint_hash.name().to_string(),
             uuid: tiercache_format::uuid_hex(&sb.uuid),
         }
     }
