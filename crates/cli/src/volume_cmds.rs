@@ -378,7 +378,14 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
                 f64::from(s.dirty_high_permille) / 10.0
             ),
         ),
-        ("oldest dirty", s.oldest_dirty_age_seconds.map_or("-".into(), |a| format!("{a:.1} s"))),
+        (
+            "oldest dirty",
+            match s.oldest_dirty_age_seconds {
+                Some(a) => format!("{a:.1} s"),
+                None if s.dirty_blocks > 0 => "unknown (written before this process opened the cache)".into(),
+                None => "-".into(),
+            },
+        ),
         (
             "admission",
             match s.frequency_gate {

@@ -60,6 +60,9 @@ fn create_status_check_flush_life_cycle() {
     let human = ok(&["status", "--cache", p(&f.cache)]);
     assert!(human.contains("index RAM") && human.contains("dirty"), "{human}");
     assert!(human.contains("backing identified by  XXH3 of its signature blocks"), "{human}");
+    // Offline, the dirty data's age is unknown (it was shown as 0.0 s: a new-user audit).
+    assert!(st["oldest_dirty_age_seconds"].is_null(), "{st}");
+    assert!(human.contains("oldest dirty           unknown (written before this process opened the cache)"), "{human}");
     let check = ok_json(&["check", "--cache", p(&f.cache), "--backing", p(&f.backing), "--json"]);
     assert_eq!(check["bad_dirty_blocks"], 0);
     assert_eq!(check["clean_blocks_differing_from_backing"], 0);

@@ -82,6 +82,9 @@ pub struct Status {
     pub staged_blocks: u64,
     pub dirty_low_permille: u16,
     pub dirty_high_permille: u16,
+    /// How long ago the oldest dirty copy was written, dated by the records this process
+    /// wrote; None with nothing dirty, or when the process has written none yet (a cache only
+    /// inspected, a server that has taken no write since it recovered the dirty data).
     pub oldest_dirty_age_seconds: Option<f64>,
     /// Dirty blocks whose only copy failed its checksum: they read as I/O errors until
     /// rewritten, across restarts.

@@ -22,10 +22,12 @@ impl Volume {
         let oldest_dirty = (st.index.dirty_len() > 0).then(|| oldest_dirty.map_or(st.tail, |pos| pos.max(st.head)));
         let bs = self.bs as u64;
         let now = self.clock.now_ns();
-        let oldest_dirty_age_seconds = oldest_dirty.map(|pos| {
+        // (Dated by the records this process wrote: with none yet, as when a cache is only
+        // inspected, the age is unknown, not zero.)
+        let oldest_dirty_age_seconds = oldest_dirty.and_then(|pos| {
             let i = st.age_samples.partition_point(|&(p, _)| p <= pos);
             let t = if i == 0 { st.age_samples.front() } else { st.age_samples.get(i - 1) };
-            t.map_or(0.0, |&(_, t)| now.saturating_sub(t) as f64 / 1e9)
+            t.map(|&(_, t)| now.saturating_sub(t) as f64 / 1e9)
         });
         let c = st.counters;
         let (write_back_ns, copy_ns) = st.costs.get();
