@@ -53,7 +53,8 @@ struct Cli {
     /// How log lines on stderr look: text (coloured only on a terminal, and never with
     /// NO_COLOR set) or json (one object per line, for log collectors). TIERCACHE_LOG sets
     /// the level (e.g. TIERCACHE_LOG=debug).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    // (Listed last in every command's help, not among its own options.)
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, display_order = 1000)]
     log_format: LogFormat,
     #[command(subcommand)]
     command: Command,

@@ -326,12 +326,19 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
             },
         ),
         ("cache size", HumanBytes(s.cache_size_bytes).to_string()),
+        (
+            "log size",
+            format!(
+                "{} (what data is cached in, and the watermarks' base; the rest: the probation ring, checkpoints)",
+                HumanBytes(s.log_bytes)
+            ),
+        ),
         ("backing size", HumanBytes(s.backing_size_bytes).to_string()),
         ("block size", s.block_size.to_string()),
         (
             "cached",
             format!(
-                "{} ({} blocks, {} of the cache)",
+                "{} ({} blocks, {} of the log)",
                 HumanBytes(s.cached_bytes),
                 s.cached_blocks,
                 pct(s.cached_bytes, s.log_bytes)
@@ -340,7 +347,7 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
         (
             "dirty",
             format!(
-                "{} ({} blocks, {} of the cache)",
+                "{} ({} blocks, {} of the log)",
                 HumanBytes(s.dirty_bytes),
                 s.dirty_blocks,
                 pct(s.dirty_bytes, s.log_bytes)
