@@ -54,7 +54,7 @@ pub enum EngineError {
 /// What is corrupt in the cache's metadata (`EngineError::Corrupt`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Corruption {
-    #[error("no valid checkpoint: area 0: {area0}; area 1: {area1}")]
+    #[error("no valid checkpoint: area 0: {area0}; area 1: {area1} (if a `tiercache create` of this device was cut short, run it again: it had not finished)")]
     NoValidCheckpoint { area0: String, area1: String },
     #[error("checkpoint names block {block} beyond the backing device")]
     CheckpointBeyondBacking { block: u64 },

@@ -394,8 +394,8 @@ fn create_over_a_crc32c_cache_makes_an_xxh3_cache() {
 /// cache (its hash, its UUID) would contradict the doc.
 /// Refuted (passes): where the old copy wins (a higher sequence, or the tie going to block 0)
 /// open refuses it ("no valid checkpoint": create's checkpoints carry the new UUID), so the
-/// old CRC-32C cache never comes back; otherwise the new XXH3 cache opens. (The refusal calls
-/// the device "corrupt" where "create was cut short" is the truth: wording only.)
+/// old CRC-32C cache never comes back; otherwise the new XXH3 cache opens. (The refusal called
+/// the device "corrupt" alone, where "create was cut short" is the truth: it now says that too.)
 #[test]
 fn a_power_cut_inside_create_over_an_old_cache_never_opens_the_old_cache() {
     for old_seq_high in [false, true] {
@@ -417,7 +417,10 @@ fn a_power_cut_inside_create_over_an_old_cache_never_opens_the_old_cache() {
             img[keep_old * BS..(keep_old + 1) * BS].copy_from_slice(&old[keep_old * BS..(keep_old + 1) * BS]);
             let what = format!("old sequence high {old_seq_high}: {name}");
             match try_open(Arc::new(SimDevice::from_image(img, BS as u32)), backing.clone()) {
-                Err(e) => eprintln!("{what}: refused: {e}"),
+                Err(e) => {
+                    eprintln!("{what}: refused: {e}");
+                    assert!(e.to_string().contains("was cut short, run it again"), "{what}: {e}");
+                }
                 Ok(v) => {
                     let sb = v.superblock();
                     eprintln!("{what}: opened, hash {}", sb.fingerprint_hash.name());
