@@ -484,23 +484,6 @@ fn coinciding_fingerprint_blocks_with_64k_blocks_follow_a_write_back() {
 
 // ------------------------------------------------------------------------------ old caches
 
-/// Block 0 as ext4 lays it out (tests/fingerprint_hash.rs): 1,024 zero bytes, a superblock
-/// ending in its own `s_checksum`, zeroes.
-fn ext4_block0(seed: u64) -> Vec<u8> {
-    let mut block = vec![0u8; BS];
-    let sb = &mut block[1024..2048];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for b in sb[..1020].iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    let s_checksum = !tiercache_format::checksum(&sb[..1020]);
-    sb[1020..].copy_from_slice(&s_checksum.to_le_bytes());
-    block
-}
-
 /// Suspicion: the fix reaches caches formatted before it (the audit's case: an ext4 backing
 /// device whose superblock changed outside the cache). It does not, by design ("caches
 /// formatted before keep it for their life", docs/format.md 3, README): no open, write-back

@@ -14,25 +14,6 @@ use common::*;
 
 const BLOCKS: u64 = 256;
 
-/// Block 0 as ext4 lays it out with 4 KiB blocks: 1,024 zero bytes, the 1,024-byte superblock
-/// whose last 4 bytes are `s_checksum` (the kernel's `crc32c(~0, sb, 1020)`: CRC-32C without
-/// its final inversion, little-endian), then zeroes. `seed` varies the superblock's fields (its
-/// UUID, mount count and times, free counts).
-fn ext4_block0(seed: u64) -> Vec<u8> {
-    let mut block = vec![0u8; BS];
-    let sb = &mut block[1024..2048];
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    for b in sb[..1020].iter_mut() {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        *b = x as u8;
-    }
-    let s_checksum = !tiercache_format::checksum(&sb[..1020]);
-    sb[1020..].copy_from_slice(&s_checksum.to_le_bytes());
-    block
-}
-
 fn backing_with_block0(block0: &[u8]) -> Arc<SimDevice> {
     let mut image = stamps(0, BLOCKS, 0);
     image[..BS].copy_from_slice(block0);
