@@ -80,6 +80,10 @@ pub struct ServerReport {
     pub uptime_seconds: u64,
     pub endpoints: Vec<String>,
     pub control_socket: String,
+    /// Log records replayed when the server opened the volume: more than 0 when the stop
+    /// before it was not clean (a crash, SIGKILL, power loss). Absent from older servers.
+    #[serde(default)]
+    pub replayed_at_start: u64,
     pub nbd_clients: usize,
     pub rates_10s: Option<Rates>,
     pub rates_1min: Option<Rates>,

@@ -87,6 +87,13 @@ pub fn preload_cmd(args: PreloadArgs) -> Result<()> {
     }
     let ranges = merge(ranges);
     let total: u64 = ranges.iter().map(|r| r.1).sum();
+    if total > status.volume.log_bytes {
+        bail!(
+            "the ranges hold {}, more than the cache's log ({}): the blocks preloaded last would evict those preloaded first; preload less (the hottest tables, indexes)",
+            HumanBytes(total),
+            HumanBytes(status.volume.log_bytes)
+        );
+    }
     let bar = if args.json { ProgressBar::hidden() } else { ProgressBar::new(total) };
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")

@@ -195,28 +195,52 @@ impl ServeArgs {
         let text = std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
         // (toml's message names the line and column, and quotes it.)
         let c: ServeConfig = toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+        // Values the file gives that parse but cannot be used, refused naming the file, the
+        // key and its line (flags given as well are checked as flags, later).
+        let at = |key: &str| {
+            let line = text
+                .lines()
+                .position(|l| l.trim_start().strip_prefix(key).is_some_and(|r| r.trim_start().starts_with('=')));
+            format!("{}{}: {key}", path.display(), line.map_or(String::new(), |n| format!(" line {}", n + 1)))
+        };
         self.cache = self.cache.or(c.cache);
         self.backing = self.backing.or(c.backing);
         if self.nbd.is_empty() {
+            if let Some(bad) = c.nbd.iter().find(|e| !e.starts_with("unix:") && !e.starts_with("tcp:")) {
+                bail!("{}: {bad:?} is no NBD endpoint (unix:SOCKET, tcp:PORT or tcp:HOST:PORT)", at("nbd"));
+            }
             self.nbd = c.nbd;
         }
         self.fuse = self.fuse.or(c.fuse);
         self.fuse_transport = self.fuse_transport.or(c.fuse_transport);
         self.export_name = self.export_name.or(c.export_name);
         self.control = self.control.or(c.control);
-        self.metrics = self.metrics.or(c.metrics);
         self.record_trace = self.record_trace.or(c.record_trace);
         if self.sequential_bypass.is_none() {
             self.sequential_bypass = match &c.sequential_bypass {
                 Some(SizeValue::Bytes(n)) => Some(*n),
                 Some(SizeValue::Text(s)) => Some(
                     crate::devices::parse_size(s)
-                        .map_err(|e| anyhow::anyhow!("{}: sequential_bypass {s:?}: {e}", path.display()))?,
+                        .map_err(|e| anyhow::anyhow!("{} = {s:?}: {e}", at("sequential_bypass")))?,
                 ),
                 None => None,
             };
         }
         self.eviction = self.eviction.or(c.eviction);
+        for (key, value) in [("dirty_low", c.dirty_low), ("dirty_high", c.dirty_high)] {
+            if let Some(v) = value.filter(|v| !(0.0..=100.0).contains(v)) {
+                bail!("{} = {v}: a percentage of the cache between 0 and 100", at(key));
+            }
+        }
+        if let (None, None, Some(low), Some(high)) = (self.dirty_low, self.dirty_high, c.dirty_low, c.dirty_high) {
+            if low > high {
+                bail!("{} = {low} is above dirty_high = {high} (low <= high)", at("dirty_low"));
+            }
+        }
+        if let (None, Some(m)) = (&self.metrics, &c.metrics) {
+            check_metrics_address(m).map_err(|e| anyhow::anyhow!("{}: {e}", at("metrics")))?;
+        }
+        self.metrics = self.metrics.or(c.metrics);
         self.dirty_low = self.dirty_low.or(c.dirty_low);
         self.dirty_high = self.dirty_high.or(c.dirty_high);
         Ok(self)
@@ -394,14 +418,54 @@ impl Ublk {
 
 /// A FUSE mount directory must exist and be empty: mounting over files hides them.
 fn check_mount_dir(dir: &Path) -> Result<()> {
-    if !dir.is_dir() {
-        bail!("--fuse {}: not a directory", dir.display());
+    // ENOTCONN, ECONNABORTED or ECANCELED: a FUSE mount whose server is gone (killed,
+    // crashed), met by stat or by the listing.
+    let dead_mount = |e: &std::io::Error| {
+        matches!(e.raw_os_error(), Some(libc::ENOTCONN) | Some(libc::ECONNABORTED) | Some(libc::ECANCELED))
+    };
+    let dead = |e: std::io::Error| {
+        anyhow::anyhow!(
+            "--fuse {}: a FUSE mount whose server is gone is still there ({e}): after a crash, detach the loop device over it and `umount -l {}`",
+            dir.display(),
+            dir.display()
+        )
+    };
+    match std::fs::metadata(dir) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => bail!("--fuse {}: not a directory", dir.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            bail!("--fuse {}: no such directory (create it: mkdir -p {})", dir.display(), dir.display())
+        }
+        Err(e) if dead_mount(&e) => return Err(dead(e)),
+        Err(e) => return Err(e).with_context(|| format!("--fuse {}", dir.display())),
     }
-    let mut entries = std::fs::read_dir(dir).with_context(|| format!("--fuse {}", dir.display()))?;
+    let mut entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if dead_mount(&e) => return Err(dead(e)),
+        Err(e) => return Err(e).with_context(|| format!("--fuse {}", dir.display())),
+    };
     if entries.next().is_some() {
         bail!("--fuse {}: not empty (mounting there would hide its files); give an empty directory", dir.display());
     }
     Ok(())
+}
+
+/// Refuses a `--metrics` address that cannot be listened on before the volume is opened and
+/// recovered (it is bound only once the volume is up).
+fn check_metrics_address(addr: &str) -> Result<()> {
+    use std::net::ToSocketAddrs;
+    let resolved = addr
+        .to_socket_addrs()
+        .map_err(|e| anyhow::anyhow!("--metrics {addr}: {e} (an address is HOST:PORT, e.g. 127.0.0.1:9561)"))?;
+    for a in resolved {
+        // (Bound and let go at once: a port another process holds is refused now, not after recovery.)
+        match std::net::TcpListener::bind(a) {
+            Ok(_) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => bail!("--metrics {addr}: {e}"),
+            Err(_) => continue,
+        }
+    }
+    bail!("--metrics {addr}: no address it names can be listened on")
 }
 
 /// Serves a plain device with no cache through the frontends asked for, until SIGTERM (no
@@ -470,16 +534,21 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     if args.nbd.is_empty() && args.fuse.is_none() && !args.ublk {
         bail!("nothing to serve: give --nbd ENDPOINT, --fuse MOUNTDIR and/or --ublk");
     }
-    if let Some(dir) = &args.fuse {
-        check_mount_dir(dir)?;
-    }
     if args.ublk {
         tiercache_ublk::check_driver()?;
+    }
+    if let Some(addr) = &args.metrics {
+        check_metrics_address(addr)?;
     }
     notify(&[NotifyState::Status("opening the devices and recovering the volume")]);
     let (cache_device, backing_device) = (DeviceSpec::parse(&cache_spec)?, DeviceSpec::parse(&backing_spec)?);
     let cache = cache_device.open("cache")?;
     let backing = backing_device.open("backing")?;
+    // (After the devices: a volume another server holds is named as such, with its pid, before
+    // its FUSE directory is found in use.)
+    if let Some(dir) = &args.fuse {
+        check_mount_dir(dir)?;
+    }
     let (listeners, bound, _socket_files) = bind_endpoints(&args.nbd)?;
     let sb = tiercache_engine::read_superblock(&*cache).map_err(|e| {
         crate::safety::explain_not_a_cache(e.into(), &cache_device.path, Some((&backing_device.path, &*backing)))
@@ -497,6 +566,13 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         dirty_blocks = report.recovered_dirty_blocks,
         "volume recovered"
     );
+    if report.replayed_records > 0 {
+        // (A clean stop checkpoints the whole log: records to replay mean it did not get there.)
+        tracing::warn!(
+            replayed_records = report.replayed_records,
+            "the last stop was not clean (a crash, SIGKILL or power loss): the log was replayed from the last checkpoint; every flushed write is back"
+        );
+    }
     let volume = Arc::new(volume);
     let background = Background::start(&volume);
     let stop = Arc::new(AtomicBool::new(false));
@@ -506,6 +582,9 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
     let status = volume.status();
     let control_path = args.control.clone().unwrap_or_else(|| control::default_path(&status.uuid));
     let control = bind_unix(&control_path)?;
+    // (Removed if anything after this fails, and at the end: a server that did not come up
+    // leaves no control socket behind.)
+    let control_file = SocketFiles(vec![control_path.clone()]);
     control.set_nonblocking(true)?;
     let config = tiercache_nbd::Config {
         export_name: args.export_name.clone().unwrap_or_else(|| tiercache_nbd::Config::default().export_name),
@@ -534,6 +613,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         pid: std::process::id(),
         started: std::time::Instant::now(),
         endpoints: std::sync::Mutex::new(endpoints.clone()),
+        replayed_at_start: report.replayed_records,
         control: control_path.clone(),
         nbd_clients: Arc::clone(&config.connections),
         samples: std::sync::Mutex::new(std::collections::VecDeque::new()),
@@ -641,7 +721,7 @@ pub fn serve_cmd(args: ServeArgs) -> Result<()> {
         eprintln!("tiercache: trace of {n} requests written to {}", path.display());
     }
     volume.shutdown().context("making everything durable at shutdown")?;
-    let _ = std::fs::remove_file(&control_path);
+    drop(control_file);
     drop(_socket_files);
     eprintln!("tiercache: stopped cleanly; everything is durable");
     Ok(())
@@ -801,6 +881,9 @@ struct ServerInfo {
     started: std::time::Instant,
     /// Where the volume is served; the FUSE file joins once mounted, after the rest started.
     endpoints: std::sync::Mutex<Vec<String>>,
+    /// Records replayed when this server opened the volume (more than 0: the stop before was
+    /// not clean).
+    replayed_at_start: u64,
     control: PathBuf,
     nbd_clients: Arc<std::sync::atomic::AtomicUsize>,
     samples: std::sync::Mutex<std::collections::VecDeque<Sample>>,
@@ -871,6 +954,7 @@ impl ServerInfo {
             uptime_seconds: self.started.elapsed().as_secs(),
             endpoints: self.endpoints.lock().expect("endpoints").clone(),
             control_socket: self.control.display().to_string(),
+            replayed_at_start: self.replayed_at_start,
             nbd_clients: self.nbd_clients.load(Ordering::Relaxed),
             rates_10s: rates(10),
             rates_1min: rates(60),

@@ -462,7 +462,24 @@ fn status_once(args: &StatusArgs, compact: bool) -> Result<String> {
 fn server_rows(v: &ServerReport) -> Vec<(&'static str, String)> {
     let up = v.uptime_seconds;
     let mut rows = vec![
-        ("served by", format!("pid {}, up {}h{:02}m{:02}s", v.pid, up / 3600, up / 60 % 60, up % 60)),
+        (
+            "served by",
+            format!(
+                "pid {}, up {}h{:02}m{:02}s{}",
+                v.pid,
+                up / 3600,
+                up / 60 % 60,
+                up % 60,
+                if v.replayed_at_start > 0 {
+                    format!(
+                        "; started after an unclean stop ({} log records replayed, every flushed write back)",
+                        v.replayed_at_start
+                    )
+                } else {
+                    String::new()
+                }
+            ),
+        ),
         ("endpoints", v.endpoints.join(", ")),
         ("NBD clients", v.nbd_clients.to_string()),
     ];

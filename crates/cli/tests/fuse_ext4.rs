@@ -174,6 +174,18 @@ fn survives_sigkill(transport: &'static str, shown: &str) {
     let mut c = st.server.take().unwrap();
     c.kill().unwrap();
     c.wait().unwrap();
+    // The same command again, with the dead mount still there: it says what to do (an
+    // operator audit, 2026-11-30: "not a directory").
+    let again = tiercache_cmd()
+        .args(["serve", "--cache", p(&st.vol.cache), "--backing", p(&st.vol.backing)])
+        .args(["--fuse", p(&st.path("fuse")), "--fuse-transport", st.transport])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success() && err.contains("a FUSE mount whose server is gone") && err.contains("umount -l"),
+        "{err}"
+    );
     let _ = Command::new("umount").args(["-l", p(&st.path("fuse"))]).status();
     st.start_server();
     st.attach_and_mount(false);
@@ -207,5 +219,11 @@ fn survives_sigkill(transport: &'static str, shown: &str) {
     assert!(log.contains("stopped cleanly"), "{log}");
     assert!(log.contains(&format!("/volume ({shown})")), "not served through {shown}: {log}");
     assert!(!log.contains('\x1b'), "escape codes in a log file: {log:?}");
-    assert!(!log.contains("WARN") && !log.contains("ERROR"), "a clean stop logged a warning: {log}");
+    // (This server started after the SIGKILL above, and says so, once.)
+    let unclean = log.lines().filter(|l| l.contains("WARN") && l.contains("the last stop was not clean")).count();
+    assert_eq!(unclean, 1, "the start after a SIGKILL names the unclean stop: {log}");
+    let others = log
+        .lines()
+        .filter(|l| (l.contains("WARN") || l.contains("ERROR")) && !l.contains("the last stop was not clean"));
+    assert_eq!(others.count(), 0, "a clean stop logged a warning: {log}");
 }

@@ -184,6 +184,10 @@ fn preload_loads_a_range_through_the_control_socket() {
     let (mut child, uri) = serve(&vol, &sock, &["--control", p(&control)]);
     let cache = p(&vol.cache);
     let ctl = ["--control", p(&control)];
+    // More than the log holds: refused, nothing read (an operator audit: it reported success).
+    let out = tiercache(&[&["preload", "--cache", cache], &ctl[..], &["--range", "0:60M"]].concat());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("more than the cache's log"), "{out:?}");
     let out = ok_json(&[&["preload", "--cache", cache], &ctl[..], &["--range", "1M:2M", "--json"]].concat());
     assert_eq!(out["bytes"], 2 << 20, "{out}");
     assert_eq!(out["report"]["admitted_blocks"], 512, "{out}");
@@ -238,4 +242,28 @@ fn commands_that_miss_a_servers_own_control_socket_say_which_they_tried() {
     assert!(stderr.contains(&format!("its lock is held by pid {} (tiercache serve)", child.id())), "{stderr}");
     sigterm(&child);
     assert!(child.wait().unwrap().success());
+}
+
+/// A server that fails after binding its sockets (here: a trace file it cannot create) leaves
+/// neither its NBD socket nor its control socket behind (an operator audit, 2026-11-30: the
+/// control socket stayed).
+#[test]
+fn a_server_that_fails_to_come_up_leaves_no_socket_behind() {
+    let vol = TempVolume::created(64 << 20, "16M");
+    let (sock, control) = (vol.path("nbd.sock"), vol.path("control.sock"));
+    let out = tiercache(&[
+        "serve",
+        "--cache",
+        p(&vol.cache),
+        "--backing",
+        p(&vol.backing),
+        "--nbd",
+        &format!("unix:{}", p(&sock)),
+        "--control",
+        p(&control),
+        "--record-trace",
+        p(&vol.path("no-such-dir/trace.csv.gz")),
+    ]);
+    assert!(!out.status.success(), "{out:?}");
+    assert!(!sock.exists() && !control.exists(), "a socket stayed: {out:?}");
 }

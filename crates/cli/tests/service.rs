@@ -80,6 +80,16 @@ fn a_bad_config_file_is_refused_with_its_line() {
         ("cache = \"/c\"\nbacking = \"/b\"\nnbd = \"unix:/x\"\n", "line 3"),
         ("nbd = [\"unix:/x\"]\n", "give the cache and backing devices"),
         ("cache = \"/c\"\nbacking = \"/b\"\nfuse_transport = \"uring\"\n", "unknown variant `uring`"),
+        // Values that parse but cannot be used: the file, its line and the key (an operator
+        // audit, 2026-11-30: they were reported as flags, --dirty-high 170).
+        ("cache = \"/c\"\nbacking = \"/b\"\ndirty_high = 170\n", "volume.toml line 3: dirty_high = 170: a percentage"),
+        (
+            "cache = \"/c\"\ndirty_low = 80\ndirty_high = 50\n",
+            "volume.toml line 2: dirty_low = 80 is above dirty_high = 50",
+        ),
+        ("nbd = [\"bogus:xyz\"]\n", "volume.toml line 1: nbd: \"bogus:xyz\" is no NBD endpoint"),
+        ("metrics = \"notanaddr\"\n", "volume.toml line 1: metrics: --metrics notanaddr"),
+        ("\nsequential_bypass = \"2X\"\n", "volume.toml line 2: sequential_bypass = \"2X\""),
     ] {
         std::fs::write(&config, text).unwrap();
         let out = tiercache_cmd().args(["serve", "--config", p(&config)]).output().unwrap();
