@@ -143,7 +143,11 @@ impl Collector for VolumeCollector {
         let counters: [(&str, &str, u64); 34] = [
             ("read_requests", "Read requests served", c.read_requests),
             ("write_requests", "Write requests served", c.write_requests),
-            ("flush_requests", "FLUSH requests served", c.flush_requests),
+            (
+                "flush_requests",
+                "FLUSH requests served; a FUA write counts one too (it is a write and a flush: the latency histogram files it under write)",
+                c.flush_requests,
+            ),
             ("read_hit_blocks", "Blocks read from the cache (RAM or cache device)", c.read_hit_blocks),
             ("read_miss_blocks", "Blocks read from the backing device", c.read_miss_blocks),
             ("admitted_blocks", "Blocks read from the backing device and admitted into the cache", c.admitted_blocks),
