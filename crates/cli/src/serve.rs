@@ -118,11 +118,11 @@ pub struct ServeArgs {
     /// (the log alone, every clean block evicted when it wraps; kept to measure against).
     #[arg(long, value_name = "POLICY")]
     eviction: Option<tiercache_engine::Eviction>,
-    /// Write-back stops when dirty data falls to this percentage of the cache (default: the
+    /// Write-back stops when dirty data falls to this percentage of the cache's log (default: the
     /// value given at create, 30).
     #[arg(long, value_name = "PERCENT")]
     dirty_low: Option<f64>,
-    /// Write-back starts when dirty data exceeds this percentage of the cache (default: the
+    /// Write-back starts when dirty data exceeds this percentage of the cache's log (default: the
     /// value given at create, 70).
     #[arg(long, value_name = "PERCENT")]
     dirty_high: Option<f64>,
@@ -229,7 +229,7 @@ impl ServeArgs {
         self.eviction = self.eviction.or(c.eviction);
         for (key, value) in [("dirty_low", c.dirty_low), ("dirty_high", c.dirty_high)] {
             if let Some(v) = value.filter(|v| !(0.0..=100.0).contains(v)) {
-                bail!("{} = {v}: a percentage of the cache between 0 and 100", at(key));
+                bail!("{} = {v}: a percentage of the cache's log between 0 and 100", at(key));
             }
         }
         if let (None, None, Some(low), Some(high)) = (self.dirty_low, self.dirty_high, c.dirty_low, c.dirty_high) {
@@ -255,7 +255,7 @@ impl ServeArgs {
             match v {
                 None => Ok(recorded),
                 Some(p) if (0.0..=100.0).contains(&p) => Ok((p * 10.0).round() as u16),
-                Some(p) => bail!("--{name} {p}: a percentage of the cache between 0 and 100"),
+                Some(p) => bail!("--{name} {p}: a percentage of the cache's log between 0 and 100"),
             }
         };
         let (low, high) =

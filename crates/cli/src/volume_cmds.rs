@@ -35,10 +35,11 @@ pub struct CreateArgs {
     /// Reclaim granularity (e.g. 1M).
     #[arg(long, value_name = "SIZE", default_value = "1M", value_parser = parse_size)]
     segment_size: u64,
-    /// The destager stops writing back below this much dirty data (percent of the cache).
+    /// The destager stops writing back below this much dirty data (percent of the cache's log:
+    /// the cache less its probation ring and checkpoints, as `status` shows).
     #[arg(long, value_name = "PERCENT", default_value = "30", value_parser = parse_percent)]
     dirty_low: u16,
-    /// The destager starts writing back above this much dirty data (percent of the cache).
+    /// The destager starts writing back above this much dirty data (percent of the cache's log).
     #[arg(long, value_name = "PERCENT", default_value = "70", value_parser = parse_percent)]
     dirty_high: u16,
     /// The share of the cache given to the read cache's probation ring, where a block read
@@ -259,7 +260,13 @@ pub fn status_cmd(args: StatusArgs) -> Result<()> {
         if tty && !args.json {
             out.push_str("\x1b[2J\x1b[H"); // clear the screen, cursor home
         }
-        out.push_str(&status_once(&args, true)?);
+        // A server stopping between two rounds holds the device for a moment after its control
+        // socket is gone: asked again once the device is free, the volume reads offline.
+        let report = status_once(&args, true).or_else(|e| {
+            std::thread::sleep(std::time::Duration::from_millis(500));
+            status_once(&args, true).map_err(|_| e.context("while watching: the server stopped or went away"))
+        })?;
+        out.push_str(&report);
         if !tty && !args.json {
             out.push('\n');
         }
@@ -729,8 +736,8 @@ path must be writable by the server. `serve --record-trace FILE` records from th
 pub struct TraceArgs {
     #[command(flatten)]
     target: control::CacheArgs,
-    /// Print the reply as JSON.
-    #[arg(long)]
+    /// Print the reply as JSON (before or after the action: `trace --cache C stop --json`).
+    #[arg(long, global = true)]
     json: bool,
     #[command(subcommand)]
     action: TraceAction,
